@@ -1,0 +1,800 @@
+//! The record codec: 64-byte aligned records in the data area, their header,
+//! their CRC, wrap markers, and the encoder that lays a batch of entries out
+//! from a given logical offset.
+//!
+//! Pure code: no file, no mapping. The encoder writes through a
+//! [`RecordSink`], which is the ring's mapping for a local append and a
+//! [`WriteBuffer`] for a leader preparing a one-sided WRITE into a follower's
+//! ring.
+//!
+//! # Record layout, version 1
+//!
+//! ```text
+//! offset  size  field
+//! 0       4     magic "RRec"
+//! 4       1     kind: 1 = entry, 2 = wrap
+//! 5       1     record format version = 1
+//! 6       2     reserved, zero
+//! 8       4     payload length in bytes (u32 LE)
+//! 12      4     reserved, zero
+//! 16      8     lsn: logical offset of this record (monotonic; physical = lsn % capacity)
+//! 24      8     term of the entry
+//! 32      8     index of the entry
+//! 40      8     prev_term: term of the entry before it
+//! 48      8     epoch: the fence value the writer held (term << 16 | leader)
+//! 56      4     reserved, zero
+//! 60      4     CRC32 (crc32fast, IEEE) of bytes 0..60 followed by the payload
+//! 64      n     payload
+//! 64+n    pad   to the next multiple of 64 (not covered by the CRC, any value)
+//! ```
+//!
+//! A record never straddles the end of the data area. When the next record
+//! would, a *wrap* marker (a bare 64-byte header, kind 2, no payload) is
+//! written at the current position and the record goes to physical 0 with the
+//! next lap's lsn. A wrap marker carries the chain state unchanged: `index`
+//! is the index of the entry that follows it, `term` and `prev_term` are the
+//! term of the entry before it.
+
+use crate::layout::{Epoch, LINE_BYTES, align_line, le_u32, le_u64};
+use crate::validate::ChainTip;
+
+/// Magic at offset 0 of every record: the bytes "RRec".
+pub const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"RRec");
+/// Version of the record format.
+pub const RECORD_VERSION: u8 = 1;
+/// Size of a record header in bytes.
+pub const RECORD_HEADER_BYTES: usize = LINE_BYTES;
+/// Offset of the CRC in the header.
+pub const RECORD_CRC_OFFSET: usize = 60;
+
+/// What a record holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum RecordKind {
+    /// A log entry with a payload.
+    Entry = 1,
+    /// A wrap marker: the log continues at physical 0, next lap.
+    Wrap = 2,
+}
+
+impl RecordKind {
+    fn from_byte(byte: u8) -> Option<RecordKind> {
+        match byte {
+            1 => Some(RecordKind::Entry),
+            2 => Some(RecordKind::Wrap),
+            _ => None,
+        }
+    }
+}
+
+/// A decoded record header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RecordHeader {
+    /// Entry or wrap marker.
+    pub kind: RecordKind,
+    /// Payload length in bytes (0 for a wrap marker).
+    pub payload_len: u32,
+    /// Logical offset of the record.
+    pub lsn: u64,
+    /// Raft term of the entry.
+    pub term: u64,
+    /// Raft index of the entry.
+    pub index: u64,
+    /// Term of the entry before this one.
+    pub prev_term: u64,
+    /// The fence value the writer held.
+    pub epoch: Epoch,
+    /// CRC32 of header bytes 0..60 and the payload.
+    pub crc: u32,
+}
+
+/// Why a header could not even be decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeaderDefect {
+    /// The magic is not "RRec".
+    Magic(u32),
+    /// The kind byte is neither entry nor wrap.
+    Kind(u8),
+    /// The format version is not [`RECORD_VERSION`].
+    Version(u8),
+    /// A reserved field is not zero.
+    Reserved,
+}
+
+impl RecordHeader {
+    /// Total bytes the record occupies in the ring, padding included.
+    pub fn record_len(&self) -> u64 {
+        record_len(self.payload_len as u64)
+    }
+
+    /// Encodes the header with its CRC field set to `self.crc`.
+    pub fn encode(&self) -> [u8; RECORD_HEADER_BYTES] {
+        let mut h = [0u8; RECORD_HEADER_BYTES];
+        h[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+        h[4] = self.kind as u8;
+        h[5] = RECORD_VERSION;
+        h[8..12].copy_from_slice(&self.payload_len.to_le_bytes());
+        h[16..24].copy_from_slice(&self.lsn.to_le_bytes());
+        h[24..32].copy_from_slice(&self.term.to_le_bytes());
+        h[32..40].copy_from_slice(&self.index.to_le_bytes());
+        h[40..48].copy_from_slice(&self.prev_term.to_le_bytes());
+        h[48..56].copy_from_slice(&self.epoch.0.to_le_bytes());
+        h[RECORD_CRC_OFFSET..].copy_from_slice(&self.crc.to_le_bytes());
+        h
+    }
+
+    /// Computes the CRC of this header (its CRC field ignored) followed by
+    /// `payload`, stores it in `self.crc`, and returns the encoded header.
+    pub fn seal(&mut self, payload: &[u8]) -> [u8; RECORD_HEADER_BYTES] {
+        assert_eq!(payload.len(), self.payload_len as usize, "payload length");
+        self.crc = record_crc(&self.encode(), payload);
+        self.encode()
+    }
+
+    /// Decodes a header. Only the layout is checked here (magic, kind,
+    /// version, reserved bytes); position, length, CRC, chain and epoch are
+    /// the validator's job.
+    pub fn decode(h: &[u8; RECORD_HEADER_BYTES]) -> Result<RecordHeader, HeaderDefect> {
+        let magic = le_u32(&h[0..]);
+        if magic != RECORD_MAGIC {
+            return Err(HeaderDefect::Magic(magic));
+        }
+        let kind = RecordKind::from_byte(h[4]).ok_or(HeaderDefect::Kind(h[4]))?;
+        if h[5] != RECORD_VERSION {
+            return Err(HeaderDefect::Version(h[5]));
+        }
+        if h[6..8] != [0, 0] || h[12..16] != [0; 4] || h[56..60] != [0; 4] {
+            return Err(HeaderDefect::Reserved);
+        }
+        Ok(RecordHeader {
+            kind,
+            payload_len: le_u32(&h[8..]),
+            lsn: le_u64(&h[16..]),
+            term: le_u64(&h[24..]),
+            index: le_u64(&h[32..]),
+            prev_term: le_u64(&h[40..]),
+            epoch: Epoch(le_u64(&h[48..])),
+            crc: le_u32(&h[RECORD_CRC_OFFSET..]),
+        })
+    }
+}
+
+/// CRC32 over header bytes 0..60 and the payload.
+pub fn record_crc(header: &[u8; RECORD_HEADER_BYTES], payload: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&header[..RECORD_CRC_OFFSET]);
+    hasher.update(payload);
+    hasher.finalize()
+}
+
+/// Bytes a record with a payload of `payload_len` bytes occupies in the ring.
+pub const fn record_len(payload_len: u64) -> u64 {
+    align_line(RECORD_HEADER_BYTES as u64 + payload_len)
+}
+
+/// Where a record of `len` bytes goes when the log ends at `tail_lsn`:
+/// `(wrap_lsn, record_lsn)`, with `wrap_lsn` set when a wrap marker must be
+/// written first because the record would straddle the end.
+pub fn place(tail_lsn: u64, capacity: u64, len: u64) -> (Option<u64>, u64) {
+    debug_assert!(capacity.is_power_of_two());
+    debug_assert_eq!(tail_lsn % LINE_BYTES as u64, 0);
+    debug_assert!(len <= capacity);
+    let physical = tail_lsn & (capacity - 1);
+    if physical + len > capacity {
+        (Some(tail_lsn), tail_lsn - physical + capacity)
+    } else {
+        (None, tail_lsn)
+    }
+}
+
+/// The logical offset where a batch of records with these payload lengths,
+/// written from `start_lsn`, ends (wrap markers included).
+pub fn span_end(start_lsn: u64, capacity: u64, payload_lens: impl IntoIterator<Item = u64>) -> u64 {
+    payload_lens
+        .into_iter()
+        .fold(start_lsn, |tail, payload_len| {
+            let len = record_len(payload_len);
+            place(tail, capacity, len).1 + len
+        })
+}
+
+/// One entry to encode.
+#[derive(Clone, Copy, Debug)]
+pub struct EntryRef<'a> {
+    /// Raft term.
+    pub term: u64,
+    /// Raft index.
+    pub index: u64,
+    /// Opaque payload bytes.
+    pub payload: &'a [u8],
+}
+
+/// Where an encoded record went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placed {
+    /// Raft index of the entry.
+    pub index: u64,
+    /// Raft term of the entry.
+    pub term: u64,
+    /// Logical offset of the record.
+    pub lsn: u64,
+    /// Bytes the record occupies, padding included.
+    pub len: u64,
+}
+
+/// Receives encoded records in lsn order.
+pub trait RecordSink {
+    /// Stores one record: `header` at `lsn`, `payload` right after it.
+    /// `lsn % capacity + 64 + payload.len()` never exceeds the capacity.
+    fn put_record(&mut self, lsn: u64, header: &[u8; RECORD_HEADER_BYTES], payload: &[u8]);
+}
+
+/// Why the encoder refused an entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EncodeError {
+    /// The entry's index does not follow the log's last index.
+    #[error("entry index {found} does not follow the log (expected {expected})")]
+    IndexGap {
+        /// The index the log needs next.
+        expected: u64,
+        /// The index given.
+        found: u64,
+    },
+    /// The entry's term is below the term of the entry before it.
+    #[error("entry {index} has term {term}, below the previous entry's term {prev_term}")]
+    TermRegression {
+        /// Index of the entry.
+        index: u64,
+        /// Its term.
+        term: u64,
+        /// Term of the entry before it.
+        prev_term: u64,
+    },
+    /// The entry's term is above the term of the writer's epoch.
+    #[error("entry {index} has term {term}, above the writer's {epoch}")]
+    TermAboveEpoch {
+        /// Index of the entry.
+        index: u64,
+        /// Its term.
+        term: u64,
+        /// The writer's epoch.
+        epoch: Epoch,
+    },
+    /// The writer's epoch is below the epoch of the previous record.
+    #[error("writer's {epoch} is below the previous record's {previous}")]
+    EpochRegression {
+        /// The writer's epoch.
+        epoch: Epoch,
+        /// The previous record's epoch.
+        previous: Epoch,
+    },
+    /// The payload is longer than a record can hold.
+    #[error("payload of {len} bytes does not fit in one record")]
+    PayloadTooLarge {
+        /// Payload length.
+        len: usize,
+    },
+}
+
+/// Lays records out from a logical offset, keeping the chain state
+/// (`index`, `prev_term`, `epoch`) that the validator will check.
+#[derive(Clone, Debug)]
+pub struct RecordEncoder {
+    capacity: u64,
+    next_lsn: u64,
+    tip: ChainTip,
+    epoch: Epoch,
+}
+
+impl RecordEncoder {
+    /// An encoder that writes from `next_lsn` after the chain state `tip`,
+    /// as the writer holding `epoch`.
+    pub fn new(capacity: u64, next_lsn: u64, tip: ChainTip, epoch: Epoch) -> RecordEncoder {
+        assert!(capacity.is_power_of_two(), "capacity {capacity}");
+        assert_eq!(next_lsn % LINE_BYTES as u64, 0, "unaligned lsn {next_lsn}");
+        RecordEncoder {
+            capacity,
+            next_lsn,
+            tip,
+            epoch,
+        }
+    }
+
+    /// The logical offset the next record goes to (before any wrap).
+    pub fn next_lsn(&self) -> u64 {
+        self.next_lsn
+    }
+
+    /// The chain state after the records pushed so far.
+    pub fn tip(&self) -> ChainTip {
+        self.tip
+    }
+
+    /// Checks `entry` against the chain without encoding it.
+    pub fn check(&self, entry: &EntryRef<'_>) -> Result<(), EncodeError> {
+        if entry.index != self.tip.next_index {
+            return Err(EncodeError::IndexGap {
+                expected: self.tip.next_index,
+                found: entry.index,
+            });
+        }
+        if entry.term < self.tip.last_term {
+            return Err(EncodeError::TermRegression {
+                index: entry.index,
+                term: entry.term,
+                prev_term: self.tip.last_term,
+            });
+        }
+        if entry.term > self.epoch.term() {
+            return Err(EncodeError::TermAboveEpoch {
+                index: entry.index,
+                term: entry.term,
+                epoch: self.epoch,
+            });
+        }
+        if self.epoch < self.tip.epoch {
+            return Err(EncodeError::EpochRegression {
+                epoch: self.epoch,
+                previous: self.tip.epoch,
+            });
+        }
+        if u32::try_from(entry.payload.len()).is_err()
+            || record_len(entry.payload.len() as u64) > self.capacity
+        {
+            return Err(EncodeError::PayloadTooLarge {
+                len: entry.payload.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks a whole batch against the chain without encoding it.
+    pub fn check_batch(&self, entries: &[EntryRef<'_>]) -> Result<(), EncodeError> {
+        let mut tip = self.tip;
+        for entry in entries {
+            RecordEncoder {
+                tip,
+                ..self.clone()
+            }
+            .check(entry)?;
+            tip = ChainTip {
+                next_index: entry.index + 1,
+                last_term: entry.term,
+                epoch: self.epoch,
+            };
+        }
+        Ok(())
+    }
+
+    /// Encodes one entry (after a wrap marker when needed) into `sink`.
+    pub fn push<S: RecordSink + ?Sized>(
+        &mut self,
+        sink: &mut S,
+        entry: &EntryRef<'_>,
+    ) -> Result<Placed, EncodeError> {
+        self.check(entry)?;
+        let len = record_len(entry.payload.len() as u64);
+        let (wrap_lsn, lsn) = place(self.next_lsn, self.capacity, len);
+        if let Some(wrap_lsn) = wrap_lsn {
+            let mut wrap = RecordHeader {
+                kind: RecordKind::Wrap,
+                payload_len: 0,
+                lsn: wrap_lsn,
+                term: self.tip.last_term,
+                index: self.tip.next_index,
+                prev_term: self.tip.last_term,
+                epoch: self.epoch,
+                crc: 0,
+            };
+            sink.put_record(wrap_lsn, &wrap.seal(&[]), &[]);
+        }
+        let mut header = RecordHeader {
+            kind: RecordKind::Entry,
+            payload_len: entry.payload.len() as u32,
+            lsn,
+            term: entry.term,
+            index: entry.index,
+            prev_term: self.tip.last_term,
+            epoch: self.epoch,
+            crc: 0,
+        };
+        sink.put_record(lsn, &header.seal(entry.payload), entry.payload);
+        self.next_lsn = lsn + len;
+        self.tip = ChainTip {
+            next_index: entry.index + 1,
+            last_term: entry.term,
+            epoch: self.epoch,
+        };
+        Ok(Placed {
+            index: entry.index,
+            term: entry.term,
+            lsn,
+            len,
+        })
+    }
+}
+
+/// One contiguous run of bytes bound for the data area at `physical`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Segment {
+    /// Physical offset in the data area.
+    pub physical: u64,
+    /// The bytes, padding included.
+    pub bytes: Vec<u8>,
+}
+
+/// A [`RecordSink`] that gathers records into at most a few physical
+/// segments (a new one starts after each wrap): what a leader WRITEs into a
+/// follower's ring. Padding bytes are zero.
+#[derive(Clone, Debug)]
+pub struct WriteBuffer {
+    capacity: u64,
+    start_lsn: u64,
+    end_lsn: u64,
+    segments: Vec<Segment>,
+}
+
+impl WriteBuffer {
+    /// An empty buffer whose first record goes to `start_lsn`.
+    pub fn new(capacity: u64, start_lsn: u64) -> WriteBuffer {
+        WriteBuffer {
+            capacity,
+            start_lsn,
+            end_lsn: start_lsn,
+            segments: Vec::new(),
+        }
+    }
+
+    /// The logical offset of the first byte.
+    pub fn start_lsn(&self) -> u64 {
+        self.start_lsn
+    }
+
+    /// The logical offset one past the last record.
+    pub fn end_lsn(&self) -> u64 {
+        self.end_lsn
+    }
+
+    /// The physical runs to write, in order.
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    /// Total bytes to write.
+    pub fn byte_len(&self) -> usize {
+        self.segments.iter().map(|s| s.bytes.len()).sum()
+    }
+}
+
+impl RecordSink for WriteBuffer {
+    fn put_record(&mut self, lsn: u64, header: &[u8; RECORD_HEADER_BYTES], payload: &[u8]) {
+        assert!(lsn >= self.end_lsn, "records out of order");
+        let physical = lsn & (self.capacity - 1);
+        let contiguous = lsn == self.end_lsn
+            && self
+                .segments
+                .last()
+                .is_some_and(|s| s.physical + s.bytes.len() as u64 == physical);
+        if !contiguous {
+            self.segments.push(Segment {
+                physical,
+                bytes: Vec::new(),
+            });
+        }
+        let segment = self
+            .segments
+            .last_mut()
+            .expect("a segment was just ensured");
+        segment.bytes.extend_from_slice(header);
+        segment.bytes.extend_from_slice(payload);
+        let len = record_len(payload.len() as u64);
+        segment.bytes.resize(
+            segment.bytes.len() + (len as usize - RECORD_HEADER_BYTES - payload.len()),
+            0,
+        );
+        self.end_lsn = lsn + len;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> RecordHeader {
+        RecordHeader {
+            kind: RecordKind::Entry,
+            payload_len: 5,
+            lsn: 4096,
+            term: 3,
+            index: 17,
+            prev_term: 2,
+            epoch: Epoch::new(3, 1).unwrap(),
+            crc: 0,
+        }
+    }
+
+    #[test]
+    fn header_round_trips_with_crc() {
+        let mut h = header();
+        let bytes = h.seal(b"hello");
+        let back = RecordHeader::decode(&bytes).unwrap();
+        assert_eq!(back, h);
+        assert_eq!(back.crc, record_crc(&bytes, b"hello"));
+        assert_ne!(back.crc, record_crc(&bytes, b"hellp"));
+    }
+
+    #[test]
+    fn wrap_header_round_trips() {
+        let mut h = header();
+        h.kind = RecordKind::Wrap;
+        h.payload_len = 0;
+        let bytes = h.seal(&[]);
+        assert_eq!(RecordHeader::decode(&bytes).unwrap(), h);
+        assert_eq!(h.record_len(), 64);
+    }
+
+    #[test]
+    fn header_bytes_are_where_the_doc_says() {
+        let mut h = header();
+        let b = h.seal(b"hello");
+        assert_eq!(&b[0..4], b"RRec");
+        assert_eq!(b[4], 1);
+        assert_eq!(b[5], 1);
+        assert_eq!(le_u32(&b[8..]), 5);
+        assert_eq!(le_u64(&b[16..]), 4096);
+        assert_eq!(le_u64(&b[24..]), 3);
+        assert_eq!(le_u64(&b[32..]), 17);
+        assert_eq!(le_u64(&b[40..]), 2);
+        assert_eq!(le_u64(&b[48..]), 3 << 16 | 1);
+        assert_eq!(le_u32(&b[60..]), h.crc);
+    }
+
+    #[test]
+    fn decode_reports_each_defect() {
+        let mut h = header();
+        let good = h.seal(b"hello");
+        let mut bad = good;
+        bad[0] = 0;
+        assert!(matches!(
+            RecordHeader::decode(&bad),
+            Err(HeaderDefect::Magic(_))
+        ));
+        let mut bad = good;
+        bad[4] = 9;
+        assert_eq!(RecordHeader::decode(&bad), Err(HeaderDefect::Kind(9)));
+        let mut bad = good;
+        bad[5] = 2;
+        assert_eq!(RecordHeader::decode(&bad), Err(HeaderDefect::Version(2)));
+        for offset in [6, 7, 12, 13, 14, 15, 56, 57, 58, 59] {
+            let mut bad = good;
+            bad[offset] = 1;
+            assert_eq!(
+                RecordHeader::decode(&bad),
+                Err(HeaderDefect::Reserved),
+                "{offset}"
+            );
+        }
+    }
+
+    #[test]
+    fn record_len_is_line_aligned() {
+        assert_eq!(record_len(0), 64);
+        assert_eq!(record_len(1), 128);
+        assert_eq!(record_len(64), 128);
+        assert_eq!(record_len(65), 192);
+    }
+
+    #[test]
+    fn place_wraps_only_when_straddling() {
+        let cap = 1 << 20;
+        assert_eq!(place(0, cap, 128), (None, 0));
+        assert_eq!(place(cap - 128, cap, 128), (None, cap - 128));
+        assert_eq!(place(cap - 64, cap, 128), (Some(cap - 64), cap));
+        assert_eq!(place(3 * cap - 64, cap, 128), (Some(3 * cap - 64), 3 * cap));
+        assert_eq!(span_end(cap - 64, cap, [64]), cap + 128);
+        assert_eq!(span_end(0, cap, [0, 0, 1]), 64 + 64 + 128);
+    }
+
+    struct Collect(Vec<(u64, RecordHeader, Vec<u8>)>);
+    impl RecordSink for Collect {
+        fn put_record(&mut self, lsn: u64, header: &[u8; 64], payload: &[u8]) {
+            self.0
+                .push((lsn, RecordHeader::decode(header).unwrap(), payload.to_vec()));
+        }
+    }
+
+    #[test]
+    fn encoder_chains_records_and_wraps() {
+        let cap = 1u64 << 20;
+        let epoch = Epoch::new(4, 2).unwrap();
+        let tip = ChainTip {
+            next_index: 10,
+            last_term: 3,
+            epoch: Epoch::ZERO,
+        };
+        let mut enc = RecordEncoder::new(cap, cap - 192, tip, epoch);
+        let mut sink = Collect(Vec::new());
+        let a = enc
+            .push(
+                &mut sink,
+                &EntryRef {
+                    term: 3,
+                    index: 10,
+                    payload: b"a",
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            a,
+            Placed {
+                index: 10,
+                term: 3,
+                lsn: cap - 192,
+                len: 128
+            }
+        );
+        let b = enc
+            .push(
+                &mut sink,
+                &EntryRef {
+                    term: 4,
+                    index: 11,
+                    payload: &[7; 100],
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            b,
+            Placed {
+                index: 11,
+                term: 4,
+                lsn: cap,
+                len: 192
+            }
+        );
+        let seen: Vec<_> = sink
+            .0
+            .iter()
+            .map(|(l, h, p)| (*l, h.kind, h.index, h.term, h.prev_term, p.len()))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                (cap - 192, RecordKind::Entry, 10, 3, 3, 1),
+                (cap - 64, RecordKind::Wrap, 11, 3, 3, 0),
+                (cap, RecordKind::Entry, 11, 4, 3, 100),
+            ]
+        );
+        assert_eq!(
+            enc.tip(),
+            ChainTip {
+                next_index: 12,
+                last_term: 4,
+                epoch
+            }
+        );
+        assert_eq!(enc.next_lsn(), cap + 192);
+        // A record that ends exactly at the end of the area needs no wrap.
+        let mut enc = RecordEncoder::new(cap, cap - 128, tip, epoch);
+        let mut sink = Collect(Vec::new());
+        enc.push(
+            &mut sink,
+            &EntryRef {
+                term: 3,
+                index: 10,
+                payload: b"a",
+            },
+        )
+        .unwrap();
+        enc.push(
+            &mut sink,
+            &EntryRef {
+                term: 3,
+                index: 11,
+                payload: b"b",
+            },
+        )
+        .unwrap();
+        assert!(sink.0.iter().all(|(_, h, _)| h.kind == RecordKind::Entry));
+        assert_eq!(sink.0[1].0, cap);
+    }
+
+    #[test]
+    fn encoder_refuses_broken_chains() {
+        let epoch = Epoch::new(4, 2).unwrap();
+        let tip = ChainTip {
+            next_index: 10,
+            last_term: 3,
+            epoch: Epoch::new(3, 1).unwrap(),
+        };
+        let enc = RecordEncoder::new(1 << 20, 0, tip, epoch);
+        assert_eq!(
+            enc.check(&EntryRef {
+                term: 3,
+                index: 11,
+                payload: b""
+            }),
+            Err(EncodeError::IndexGap {
+                expected: 10,
+                found: 11
+            })
+        );
+        assert!(matches!(
+            enc.check(&EntryRef {
+                term: 2,
+                index: 10,
+                payload: b""
+            }),
+            Err(EncodeError::TermRegression { .. })
+        ));
+        assert!(matches!(
+            enc.check(&EntryRef {
+                term: 5,
+                index: 10,
+                payload: b""
+            }),
+            Err(EncodeError::TermAboveEpoch { .. })
+        ));
+        let low_term_tip = ChainTip {
+            last_term: 1,
+            ..tip
+        };
+        let old = RecordEncoder::new(1 << 20, 0, low_term_tip, Epoch::new(2, 9).unwrap());
+        assert!(matches!(
+            old.check(&EntryRef {
+                term: 2,
+                index: 10,
+                payload: b""
+            }),
+            Err(EncodeError::EpochRegression { .. })
+        ));
+        let big = vec![0u8; 1 << 20];
+        assert!(matches!(
+            enc.check(&EntryRef {
+                term: 4,
+                index: 10,
+                payload: &big
+            }),
+            Err(EncodeError::PayloadTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn write_buffer_splits_at_the_wrap() {
+        let cap = 1u64 << 20;
+        let epoch = Epoch::new(1, 1).unwrap();
+        let tip = ChainTip {
+            next_index: 0,
+            last_term: 0,
+            epoch: Epoch::ZERO,
+        };
+        let mut enc = RecordEncoder::new(cap, cap - 192, tip, epoch);
+        let mut buf = WriteBuffer::new(cap, cap - 192);
+        enc.push(
+            &mut buf,
+            &EntryRef {
+                term: 1,
+                index: 0,
+                payload: b"x",
+            },
+        )
+        .unwrap();
+        enc.push(
+            &mut buf,
+            &EntryRef {
+                term: 1,
+                index: 1,
+                payload: &[1; 70],
+            },
+        )
+        .unwrap();
+        let segs = buf.segments();
+        assert_eq!(segs.len(), 2);
+        assert_eq!(segs[0].physical, cap - 192);
+        assert_eq!(segs[0].bytes.len(), 128 + 64, "record then wrap marker");
+        assert_eq!(segs[1].physical, 0);
+        assert_eq!(segs[1].bytes.len(), 192);
+        assert_eq!(buf.end_lsn(), cap + 192);
+        assert_eq!(buf.byte_len(), 384);
+    }
+}

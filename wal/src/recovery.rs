@@ -1,0 +1,523 @@
+//! Crash recovery as a pure scan of the data area.
+//!
+//! The scan starts at the purge point (the lsn and log id kept in the
+//! metadata file), applies the chain rules in their recovery context, and
+//! stops at the first record that breaks them: the tail beyond is garbage,
+//! not an error. Then it tells *how* the log ended, because the replicator
+//! must not let a node that forgot acknowledged entries vote (Alagappan et
+//! al., "Protocol-Aware Recovery for Consensus-Based Storage", FAST'18):
+//!
+//! - [`Damage::None`]: the stop position holds no record of this lap (zeroes,
+//!   or a record of an earlier lap): the log simply ends there;
+//! - [`Damage::TornTail`]: a record of this lap is there but fails its CRC,
+//!   the chain or the epoch rules: the last, unacknowledged write was cut;
+//! - [`Damage::CorruptInside`]: the break lies below the acknowledged-index
+//!   watermark, or well-formed records of the same writer (or a newer one)
+//!   follow the break: something inside the log was lost.
+//!
+//! [`crate::ring`] runs this scan when it opens a ring, and
+//! [`crate::check`] runs it offline. No I/O here.
+
+use crate::layout::{Epoch, LINE_BYTES};
+use crate::record::{RECORD_HEADER_BYTES, RecordKind};
+use crate::validate::{
+    ChainTip, Check, Geometry, Invalid, LogPos, validate_at, validate_header, validate_payload,
+};
+
+/// Where a scan starts and what it checks against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScanInput {
+    /// Capacity and record size limit.
+    pub geometry: Geometry,
+    /// The purge point: the lsn of the oldest byte still needed (`head`).
+    pub start_lsn: u64,
+    /// The last purged log id, which the first record must follow; `None`
+    /// when nothing was ever purged (the log starts at index 0).
+    pub anchor: Option<LogPos>,
+    /// The ring's fence.
+    pub fence: Epoch,
+    /// The highest index this node acknowledged, if any.
+    pub acked: Option<u64>,
+}
+
+/// A valid entry found by the scan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Located {
+    /// Raft index.
+    pub index: u64,
+    /// Raft term.
+    pub term: u64,
+    /// Logical offset of the record.
+    pub lsn: u64,
+    /// Epoch of the writer.
+    pub epoch: Epoch,
+}
+
+/// Where and why a scan stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stop {
+    /// The position of the first invalid record.
+    pub lsn: u64,
+    /// Why it is invalid.
+    pub reason: Invalid,
+}
+
+/// Why the scan judged the log damaged inside.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Evidence {
+    /// The log breaks below the highest index this node acknowledged.
+    BelowWatermark {
+        /// The highest acknowledged index.
+        acked: u64,
+        /// The index the recovered log would take next.
+        recovered_next_index: u64,
+    },
+    /// A well-formed record of this lap, written under an epoch no older than
+    /// the last valid record's, lies beyond the break.
+    WellFormedBeyond {
+        /// Its position.
+        lsn: u64,
+        /// Its index.
+        index: u64,
+        /// Its epoch.
+        epoch: Epoch,
+    },
+}
+
+/// How the recovered log ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Damage {
+    /// The log ends cleanly.
+    None,
+    /// The last write was torn; nothing acknowledged is missing.
+    TornTail,
+    /// The log is corrupt inside: entries it once held are gone.
+    CorruptInside(Evidence),
+}
+
+/// The outcome of a scan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScanReport {
+    /// The valid entries, in index order.
+    pub entries: Vec<Located>,
+    /// Where the next record goes: one past the last valid record (the start
+    /// of the next lap after a trailing wrap marker).
+    pub end_lsn: u64,
+    /// The chain state after the last valid record.
+    pub tip: ChainTip,
+    /// The first invalid record; `None` when the valid records fill the whole
+    /// window (`start_lsn + capacity`).
+    pub stop: Option<Stop>,
+    /// How the log ended.
+    pub damage: Damage,
+}
+
+impl ScanReport {
+    /// The last valid entry's log id, or the anchor when there is none.
+    pub fn last_log(&self, anchor: Option<LogPos>) -> Option<LogPos> {
+        self.entries
+            .last()
+            .map(|e| LogPos {
+                term: e.term,
+                index: e.index,
+            })
+            .or(anchor)
+    }
+}
+
+/// Scans `area` (the whole data area) from `input.start_lsn`.
+pub fn scan(area: &[u8], input: ScanInput) -> ScanReport {
+    let geometry = input.geometry;
+    assert_eq!(
+        area.len() as u64,
+        geometry.capacity,
+        "area is the whole data area"
+    );
+    let check = Check::Recovery { fence: input.fence };
+    let limit_lsn = input.start_lsn + geometry.capacity;
+    let mut entries = Vec::new();
+    let mut tip = ChainTip::after(input.anchor);
+    let mut lsn = input.start_lsn;
+    let mut stop = None;
+    while lsn < limit_lsn {
+        match validate_at(area, lsn, geometry, tip, check) {
+            Ok(valid) if valid.next_lsn > limit_lsn => {
+                stop = Some(Stop {
+                    lsn,
+                    reason: Invalid::OutsideWindow {
+                        end_lsn: valid.next_lsn,
+                        limit_lsn,
+                    },
+                });
+                break;
+            }
+            Ok(valid) => {
+                if valid.header.kind == RecordKind::Entry {
+                    entries.push(Located {
+                        index: valid.header.index,
+                        term: valid.header.term,
+                        lsn,
+                        epoch: valid.header.epoch,
+                    });
+                }
+                tip = valid.tip;
+                lsn = valid.next_lsn;
+            }
+            Err(reason) => {
+                stop = Some(Stop { lsn, reason });
+                break;
+            }
+        }
+    }
+    let damage = classify(area, &input, tip, stop, limit_lsn);
+    ScanReport {
+        entries,
+        end_lsn: lsn,
+        tip,
+        stop,
+        damage,
+    }
+}
+
+fn classify(
+    area: &[u8],
+    input: &ScanInput,
+    tip: ChainTip,
+    stop: Option<Stop>,
+    limit_lsn: u64,
+) -> Damage {
+    if let Some(acked) = input.acked
+        && tip.next_index <= acked
+    {
+        return Damage::CorruptInside(Evidence::BelowWatermark {
+            acked,
+            recovered_next_index: tip.next_index,
+        });
+    }
+    let Some(stop) = stop else {
+        return Damage::None;
+    };
+    if let Some(evidence) = well_formed_beyond(area, input, tip, stop.lsn, limit_lsn) {
+        return Damage::CorruptInside(evidence);
+    }
+    if stop.reason.is_end_of_log() {
+        Damage::None
+    } else {
+        Damage::TornTail
+    }
+}
+
+/// Looks past the break for a record of this lap that is intact on its own
+/// (magic, lsn, length, CRC, layout) and could only have been written after
+/// the lost one: an epoch between the last valid record's and the fence, an
+/// index at or above the one the log needed next.
+fn well_formed_beyond(
+    area: &[u8],
+    input: &ScanInput,
+    tip: ChainTip,
+    break_lsn: u64,
+    limit_lsn: u64,
+) -> Option<Evidence> {
+    let geometry = input.geometry;
+    let mut lsn = break_lsn + LINE_BYTES as u64;
+    while lsn < limit_lsn {
+        let physical = geometry.physical(lsn) as usize;
+        let header: &[u8; RECORD_HEADER_BYTES] = area[physical..physical + RECORD_HEADER_BYTES]
+            .try_into()
+            .expect("64 bytes");
+        if let Ok(payload_len) = validate_header(header, lsn, geometry) {
+            let payload = &area[physical + RECORD_HEADER_BYTES..][..payload_len as usize];
+            // Judge the record on its own: a chain that starts at it and an
+            // epoch window from the last valid record's to the fence.
+            let own_chain = ChainTip {
+                next_index: crate::layout::le_u64(&header[32..]),
+                last_term: crate::layout::le_u64(&header[40..]),
+                epoch: tip.epoch,
+            };
+            if let Ok(valid) = validate_payload(
+                header,
+                payload,
+                geometry,
+                own_chain,
+                Check::Recovery { fence: input.fence },
+            ) && valid.header.kind == RecordKind::Entry
+                && valid.header.index >= tip.next_index
+            {
+                return Some(Evidence::WellFormedBeyond {
+                    lsn,
+                    index: valid.header.index,
+                    epoch: valid.header.epoch,
+                });
+            }
+        }
+        lsn += LINE_BYTES as u64;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{EntryRef, RecordEncoder, RecordSink};
+
+    const CAP: u64 = 1 << 20;
+    const GEO: Geometry = Geometry {
+        capacity: CAP,
+        max_payload_bytes: 1 << 16,
+    };
+
+    struct Area(Vec<u8>);
+    impl RecordSink for Area {
+        fn put_record(&mut self, lsn: u64, header: &[u8; 64], payload: &[u8]) {
+            let p = (lsn % CAP) as usize;
+            self.0[p..p + 64].copy_from_slice(header);
+            self.0[p + 64..p + 64 + payload.len()].copy_from_slice(payload);
+        }
+    }
+
+    fn epoch(term: u64, leader: u64) -> Epoch {
+        Epoch::new(term, leader).unwrap()
+    }
+
+    fn input(
+        start_lsn: u64,
+        anchor: Option<LogPos>,
+        fence: Epoch,
+        acked: Option<u64>,
+    ) -> ScanInput {
+        ScanInput {
+            geometry: GEO,
+            start_lsn,
+            anchor,
+            fence,
+            acked,
+        }
+    }
+
+    /// Writes `n` entries of `term` under `e` from `lsn` after `tip`.
+    fn write(
+        area: &mut Area,
+        lsn: u64,
+        tip: ChainTip,
+        e: Epoch,
+        term: u64,
+        n: u64,
+    ) -> RecordEncoder {
+        let mut enc = RecordEncoder::new(CAP, lsn, tip, e);
+        for i in 0..n {
+            let payload = vec![i as u8; (i * 37 % 300) as usize];
+            enc.push(
+                area,
+                &EntryRef {
+                    term,
+                    index: tip.next_index + i,
+                    payload: &payload,
+                },
+            )
+            .unwrap();
+        }
+        enc
+    }
+
+    #[test]
+    fn empty_area_recovers_empty_and_clean() {
+        let area = Area(vec![0; CAP as usize]);
+        let r = scan(&area.0, input(0, None, Epoch::ZERO, None));
+        assert!(r.entries.is_empty());
+        assert_eq!(r.end_lsn, 0);
+        assert_eq!(r.damage, Damage::None);
+        assert_eq!(r.stop.unwrap().reason, Invalid::BadMagic { found: 0 });
+    }
+
+    #[test]
+    fn clean_log_recovers_every_entry() {
+        let e = epoch(1, 1);
+        let mut area = Area(vec![0; CAP as usize]);
+        let enc = write(&mut area, 0, ChainTip::default(), e, 1, 50);
+        let r = scan(&area.0, input(0, None, e, Some(49)));
+        assert_eq!(r.entries.len(), 50);
+        assert_eq!(r.end_lsn, enc.next_lsn());
+        assert_eq!(r.tip, enc.tip());
+        assert_eq!(r.damage, Damage::None);
+        assert_eq!(r.last_log(None), Some(LogPos { term: 1, index: 49 }));
+    }
+
+    #[test]
+    fn scan_follows_wraps_from_a_purge_point() {
+        let e = epoch(2, 1);
+        let mut area = Area(vec![0; CAP as usize]);
+        let anchor = LogPos { term: 1, index: 99 };
+        let start = 5 * CAP - 4096;
+        let enc = write(&mut area, start, ChainTip::after(Some(anchor)), e, 2, 40);
+        assert!(enc.next_lsn() > 5 * CAP, "the batch crossed a lap");
+        let r = scan(&area.0, input(start, Some(anchor), e, None));
+        assert_eq!(r.entries.len(), 40);
+        assert_eq!(r.entries[0].index, 100);
+        assert_eq!(r.end_lsn, enc.next_lsn());
+        // The old lap's bytes beyond the tail are not read as new.
+        assert!(matches!(
+            r.stop.unwrap().reason,
+            Invalid::BadMagic { .. } | Invalid::LsnMismatch { .. }
+        ));
+        assert_eq!(r.damage, Damage::None);
+    }
+
+    #[test]
+    fn torn_last_record_is_a_torn_tail() {
+        let e = epoch(1, 1);
+        let mut area = Area(vec![0; CAP as usize]);
+        write(&mut area, 0, ChainTip::default(), e, 1, 10);
+        let r = scan(&area.0, input(0, None, e, Some(8)));
+        let last = r.entries[9];
+        area.0[last.lsn as usize + 64] ^= 1;
+        let r = scan(&area.0, input(0, None, e, Some(8)));
+        assert_eq!(r.entries.len(), 9);
+        assert_eq!(r.damage, Damage::TornTail);
+        assert!(matches!(
+            r.stop.unwrap().reason,
+            Invalid::CrcMismatch { .. }
+        ));
+    }
+
+    #[test]
+    fn break_below_watermark_is_corruption_inside() {
+        let e = epoch(1, 1);
+        let mut area = Area(vec![0; CAP as usize]);
+        write(&mut area, 0, ChainTip::default(), e, 1, 10);
+        let lsn9 = scan(&area.0, input(0, None, e, None)).entries[9].lsn;
+        area.0[lsn9 as usize + 70] ^= 4;
+        let r = scan(&area.0, input(0, None, e, Some(9)));
+        assert_eq!(
+            r.damage,
+            Damage::CorruptInside(Evidence::BelowWatermark {
+                acked: 9,
+                recovered_next_index: 9
+            })
+        );
+    }
+
+    #[test]
+    fn well_formed_records_beyond_the_break_are_corruption_inside() {
+        let e = epoch(1, 1);
+        let mut area = Area(vec![0; CAP as usize]);
+        write(&mut area, 0, ChainTip::default(), e, 1, 10);
+        let before = scan(&area.0, input(0, None, e, None));
+        let lsn4 = before.entries[4].lsn;
+        area.0[lsn4 as usize] ^= 0xff; // magic of entry 4: looks like the end
+        let r = scan(&area.0, input(0, None, e, None));
+        assert_eq!(r.entries.len(), 4);
+        assert_eq!(
+            r.stop.unwrap().reason,
+            Invalid::BadMagic {
+                found: crate::record::RECORD_MAGIC ^ 0xff
+            }
+        );
+        assert_eq!(
+            r.damage,
+            Damage::CorruptInside(Evidence::WellFormedBeyond {
+                lsn: before.entries[5].lsn,
+                index: 5,
+                epoch: e
+            })
+        );
+    }
+
+    #[test]
+    fn stale_writer_records_beyond_the_tail_are_not_corruption() {
+        // The new leader's records end before a stale leader's longer batch.
+        let old = epoch(1, 1);
+        let new = epoch(2, 2);
+        let mut area = Area(vec![0; CAP as usize]);
+        let base = write(&mut area, 0, ChainTip::default(), old, 1, 5);
+        write(&mut area, base.next_lsn(), base.tip(), old, 1, 20);
+        write(&mut area, base.next_lsn(), base.tip(), new, 2, 3);
+        let r = scan(&area.0, input(0, None, new, Some(7)));
+        assert_eq!(r.entries.len(), 8);
+        assert_eq!(r.entries[7].term, 2);
+        assert_ne!(r.stop, None);
+        assert!(
+            !matches!(r.damage, Damage::CorruptInside(_)),
+            "{:?}",
+            r.damage
+        );
+    }
+
+    #[test]
+    fn older_epochs_are_kept_and_a_broken_prev_term_ends_the_log() {
+        let e1 = epoch(1, 1);
+        let e2 = epoch(2, 2);
+        let e3 = epoch(3, 3);
+        let mut area = Area(vec![0; CAP as usize]);
+        let a = write(&mut area, 0, ChainTip::default(), e1, 1, 3);
+        let b = write(&mut area, a.next_lsn(), a.tip(), e2, 2, 3);
+        // Entry 6 claims prev_term 1 although entry 5 has term 2.
+        let bad_tip = ChainTip {
+            last_term: 1,
+            ..b.tip()
+        };
+        write(&mut area, b.next_lsn(), bad_tip, e3, 3, 1);
+        let r = scan(&area.0, input(0, None, e3, None));
+        assert_eq!(
+            r.entries.len(),
+            6,
+            "records of older epochs are a valid log"
+        );
+        assert_eq!(
+            r.stop.unwrap().reason,
+            Invalid::PrevTermMismatch {
+                index: 6,
+                expected: 2,
+                found: 1
+            }
+        );
+        assert_eq!(r.damage, Damage::TornTail);
+    }
+
+    #[test]
+    fn previous_lap_records_are_rejected() {
+        let e = epoch(1, 1);
+        let mut area = Area(vec![0; CAP as usize]);
+        // Lap 0 filled with entries; then the log was purged to lsn CAP and
+        // restarted there with index 1000: the scan must not read lap 0's
+        // records as lap 1's.
+        write(&mut area, 0, ChainTip::default(), e, 1, 500);
+        let anchor = LogPos {
+            term: 1,
+            index: 999,
+        };
+        let r = scan(&area.0, input(CAP, Some(anchor), e, None));
+        assert!(r.entries.is_empty());
+        assert_eq!(
+            r.stop.unwrap().reason,
+            Invalid::LsnMismatch {
+                expected: CAP,
+                found: 0
+            }
+        );
+        assert_eq!(r.damage, Damage::None);
+    }
+
+    #[test]
+    fn a_full_window_has_no_stop() {
+        let e = epoch(1, 1);
+        let mut area = Area(vec![0; CAP as usize]);
+        // 64-byte records (empty payloads) fill the whole area exactly.
+        let mut enc = RecordEncoder::new(CAP, 0, ChainTip::default(), e);
+        for i in 0..CAP / 64 {
+            enc.push(
+                &mut area,
+                &EntryRef {
+                    term: 1,
+                    index: i,
+                    payload: &[],
+                },
+            )
+            .unwrap();
+        }
+        let r = scan(&area.0, input(0, None, e, None));
+        assert_eq!(r.entries.len() as u64, CAP / 64);
+        assert_eq!(r.stop, None);
+        assert_eq!(r.end_lsn, CAP);
+        assert_eq!(r.damage, Damage::None);
+    }
+}

@@ -1,0 +1,1071 @@
+//! The file-backed ring: a memory-mapped, preallocated file holding the
+//! control block and the data area (layout in [`crate::layout`]).
+//!
+//! The ring is the node's log. A leader appends to its own ring with
+//! [`Ring::append`]; a follower's ring is filled by the leader's one-sided
+//! WRITEs, and the follower checks those records in place and takes them
+//! into its log with [`Ring::adopt`], without copying them. Both keep an
+//! index → lsn map, rebuilt by the recovery scan when the ring is opened.
+//!
+//! What the ring guarantees:
+//! - it never writes, nor adopts, past `head + capacity` (a full ring is
+//!   [`WalError::RingFull`], which the caller waits on);
+//! - adopted records are never overwritten by the ring itself except by
+//!   [`Ring::truncate_after`], which also erases them so that recovery does
+//!   not bring them back;
+//! - every record it appends passes the validator's recovery rules, and every
+//!   record it serves passes its CRC.
+//!
+//! # Memory shared with a device
+//!
+//! Once [`Ring::regions`] has been registered with a fabric, a remote writer
+//! may change the data area beyond the adopted tail, and the fence word, at
+//! any moment. So the ring never holds a Rust reference to the whole mapping:
+//! it keeps a raw pointer and forms slices only over records it owns (adopted
+//! or appended, which no remote writer touches: a leader writes only beyond
+//! the tail it learnt from this node) or over a range a control message
+//! named as finished (RC ordering: the WRITE completed before the SEND that
+//! names it). The fence word is only touched atomically.
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use memmap2::{MmapMut, MmapOptions};
+
+use crate::error::{AdoptError, Result, WalError};
+use crate::layout::{
+    ACKED_OFFSET, COMMIT_OFFSET, CONTROL_BLOCK_BYTES, Epoch, FENCE_OFFSET, HEAD_OFFSET,
+    MAX_NODE_ID, RING_HEADER_BYTES, RingHeader, check_capacity, decode_index_word,
+    encode_index_word,
+};
+use crate::meta::{PurgePoint, sync_dir};
+use crate::record::{
+    EntryRef, RECORD_HEADER_BYTES, RecordEncoder, RecordHeader, RecordKind, RecordSink, record_len,
+    span_end,
+};
+use crate::recovery::{ScanInput, ScanReport, scan};
+use crate::validate::{
+    ChainTip, Check, Geometry, Invalid, LogPos, validate_header, validate_payload,
+};
+
+/// Name of the ring file in a data directory.
+pub const RING_FILE: &str = "ring";
+
+/// How a ring is shaped and whose it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingConfig {
+    /// Data area capacity in bytes: a power of two, 1 MiB ..= 1 TiB.
+    pub capacity: u64,
+    /// Largest payload accepted, in bytes. A record (header and padding
+    /// included) may take at most half the capacity.
+    pub max_record_bytes: u64,
+    /// The cluster the ring belongs to.
+    pub cluster_id: u64,
+    /// The node that owns the ring (at most [`MAX_NODE_ID`]: it is packed
+    /// into epochs).
+    pub node_id: u64,
+    /// Lock the mapping in memory (mlock). When the limit forbids it the ring
+    /// still works and logs a warning.
+    pub lock_memory: bool,
+}
+
+impl RingConfig {
+    /// Checks the bounds and returns the geometry the validator uses.
+    pub fn geometry(&self) -> Result<Geometry> {
+        check_capacity(self.capacity).map_err(|e| WalError::Config(e.to_string()))?;
+        if self.max_record_bytes > u32::MAX as u64
+            || record_len(self.max_record_bytes) > self.capacity / 2
+        {
+            return Err(WalError::Config(format!(
+                "max record of {} bytes does not fit twice in a ring of {} bytes",
+                self.max_record_bytes, self.capacity
+            )));
+        }
+        if self.node_id > MAX_NODE_ID {
+            return Err(WalError::Config(format!(
+                "node id {} is above {MAX_NODE_ID}: it must fit in an epoch's 16 leader bits",
+                self.node_id
+            )));
+        }
+        Ok(Geometry {
+            capacity: self.capacity,
+            max_payload_bytes: self.max_record_bytes,
+        })
+    }
+}
+
+/// A span of the mapping that a fabric may register for remote access.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawRegion {
+    /// First byte.
+    pub addr: *mut u8,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+/// The three separately registrable parts of a ring (least privilege):
+/// the data area (remote WRITE only), the fence word (remote READ and
+/// ATOMIC), the head word (remote READ only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingRegions {
+    /// The data area.
+    pub data: RawRegion,
+    /// The fence word (8 bytes, 8-byte aligned).
+    pub fence: RawRegion,
+    /// The head word (8 bytes, 8-byte aligned).
+    pub head: RawRegion,
+}
+
+/// What a control message says a remote writer put into the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdoptRequest {
+    /// Where the records start (must be the adopted tail).
+    pub from_lsn: u64,
+    /// Where they end.
+    pub to_lsn: u64,
+    /// How many entries they hold.
+    pub entries: u64,
+    /// The last entry's log id (`None` only when `entries` is 0).
+    pub last: Option<LogPos>,
+}
+
+/// The log after an append or an adoption.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extended {
+    /// The last entry's log id.
+    pub last: Option<LogPos>,
+    /// Where the next record goes.
+    pub tail_lsn: u64,
+}
+
+/// One entry read back from the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordView<'a> {
+    /// Raft index.
+    pub index: u64,
+    /// Raft term.
+    pub term: u64,
+    /// Position in the ring.
+    pub lsn: u64,
+    /// Writer's epoch.
+    pub epoch: Epoch,
+    /// The payload, in place in the mapping.
+    pub payload: &'a [u8],
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    lsn: u64,
+    term: u64,
+}
+
+/// A node's ring, open for reading and writing. See the module docs.
+pub struct Ring {
+    path: PathBuf,
+    _file: File,
+    map: MmapMut,
+    base: NonNull<u8>,
+    geometry: Geometry,
+    header: RingHeader,
+    /// The last purged log id: the chain the first entry continues.
+    anchor: Option<LogPos>,
+    /// Index of `slots[0]`.
+    first_index: u64,
+    slots: VecDeque<Slot>,
+    tip: ChainTip,
+    head_lsn: u64,
+    tail_lsn: u64,
+    /// Logical range written since the last sync, if any.
+    unsynced: Option<(u64, u64)>,
+    /// The first msync failure, after which no sync can succeed.
+    sync_failed: Option<String>,
+    memory_locked: bool,
+}
+
+// SAFETY: `base` points into `map`, which the ring owns and which lives as
+// long as the ring; all mutation goes through `&mut self` or atomics.
+unsafe impl Send for Ring {}
+// SAFETY: shared access only reads records the ring owns (no one writes them)
+// and control words through atomics.
+unsafe impl Sync for Ring {}
+
+impl std::fmt::Debug for Ring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ring")
+            .field("path", &self.path)
+            .field("header", &self.header)
+            .field("first_index", &self.first_index)
+            .field("next_index", &self.tip.next_index)
+            .field("head_lsn", &self.head_lsn)
+            .field("tail_lsn", &self.tail_lsn)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ring {
+    /// Creates a new ring file at `path` (it must not exist), preallocated,
+    /// with an empty log, a zero fence and incarnation 0. Open it with
+    /// [`Ring::open`].
+    pub fn create(path: &Path, config: &RingConfig) -> Result<()> {
+        config.geometry()?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(WalError::io("create", path))?;
+        let total = CONTROL_BLOCK_BYTES as u64 + config.capacity;
+        preallocate(&file, path, total)?;
+        let header = RingHeader {
+            capacity: config.capacity,
+            cluster_id: config.cluster_id,
+            node_id: config.node_id,
+            incarnation: 0,
+        };
+        file.write_all_at(&header.encode(), 0)
+            .map_err(WalError::io("write header", path))?;
+        file.sync_all().map_err(WalError::io("fsync", path))?;
+        sync_dir(path)
+    }
+
+    /// Opens the ring at `path`, checks that it is this node's, bumps its
+    /// incarnation, and recovers the log from `purged` (the metadata file's
+    /// purge point; `None` when nothing was ever purged). Returns the ring
+    /// and the recovery scan's report.
+    pub fn open(
+        path: &Path,
+        config: &RingConfig,
+        purged: Option<PurgePoint>,
+    ) -> Result<(Ring, ScanReport)> {
+        let geometry = config.geometry()?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(WalError::io("open", path))?;
+        let mut line = [0u8; RING_HEADER_BYTES];
+        file.read_exact_at(&mut line, 0)
+            .map_err(WalError::io("read header", path))?;
+        let mut header = RingHeader::decode(&line).map_err(|source| WalError::Layout {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        for (field, expected, found) in [
+            ("cluster id", config.cluster_id, header.cluster_id),
+            ("node id", config.node_id, header.node_id),
+            ("capacity", config.capacity, header.capacity),
+        ] {
+            if expected != found {
+                return Err(WalError::Foreign {
+                    path: path.to_path_buf(),
+                    field,
+                    expected,
+                    found,
+                });
+            }
+        }
+        let total = CONTROL_BLOCK_BYTES as u64 + config.capacity;
+        let size = file.metadata().map_err(WalError::io("stat", path))?.len();
+        if size != total {
+            return Err(WalError::Inconsistent {
+                path: path.to_path_buf(),
+                what: format!("file is {size} bytes, its header says {total}"),
+            });
+        }
+        let len = usize::try_from(total).map_err(|_| {
+            WalError::Config(format!("ring of {total} bytes does not fit in memory"))
+        })?;
+        fresh_page_cache(&file, path)?;
+        // SAFETY: the file is ours (a ring of this node, checked above) and is
+        // not resized while mapped: the ring keeps it open and never truncates
+        // it. Concurrent writers other than a registered fabric are outside
+        // the contract (one process owns a data directory).
+        let mut map = unsafe { MmapOptions::new().len(len).map_mut(&file) }
+            .map_err(WalError::io("mmap", path))?;
+        map.advise(memmap2::Advice::Random)
+            .map_err(WalError::io("madvise", path))?;
+        let base = NonNull::new(map.as_mut_ptr()).expect("mmap returns a non-null pointer");
+        let memory_locked = config.lock_memory && lock_memory(&map, path);
+
+        header.incarnation += 1;
+        let mut ring = Ring {
+            path: path.to_path_buf(),
+            _file: file,
+            map,
+            base,
+            geometry,
+            header,
+            anchor: purged.map(|p| p.log),
+            first_index: purged.map_or(0, |p| p.log.index + 1),
+            slots: VecDeque::new(),
+            tip: ChainTip::after(purged.map(|p| p.log)),
+            head_lsn: purged.map_or(0, |p| p.next_lsn),
+            tail_lsn: 0,
+            unsynced: None,
+            sync_failed: None,
+            memory_locked,
+        };
+        ring.write_control(0, &header.encode());
+
+        let head_word = ring.word(HEAD_OFFSET).load(Ordering::Acquire);
+        if head_word > ring.head_lsn {
+            return Err(WalError::Inconsistent {
+                path: path.to_path_buf(),
+                what: format!(
+                    "head word {head_word} is beyond the metadata file's purge point {}: \
+                     was the metadata file replaced by an older copy?",
+                    ring.head_lsn
+                ),
+            });
+        }
+        if !ring
+            .head_lsn
+            .is_multiple_of(crate::layout::LINE_BYTES as u64)
+        {
+            return Err(WalError::Inconsistent {
+                path: path.to_path_buf(),
+                what: format!("purge point {} is not line aligned", ring.head_lsn),
+            });
+        }
+        // A purge stored its metadata but crashed before moving head: finish it.
+        ring.word(HEAD_OFFSET)
+            .store(ring.head_lsn, Ordering::Release);
+
+        let input = ScanInput {
+            geometry: Geometry::loosest(geometry.capacity),
+            start_lsn: ring.head_lsn,
+            anchor: ring.anchor,
+            fence: ring.fence(),
+            acked: ring.acked(),
+        };
+        // SAFETY: the ring is not registered with any fabric yet, so nothing
+        // else writes the data area while the scan reads it.
+        let area =
+            unsafe { std::slice::from_raw_parts(ring.data_ptr(), geometry.capacity as usize) };
+        let report = scan(area, input);
+        ring.slots = report
+            .entries
+            .iter()
+            .map(|e| Slot {
+                lsn: e.lsn,
+                term: e.term,
+            })
+            .collect();
+        ring.tip = report.tip;
+        ring.tail_lsn = report.end_lsn;
+        ring.sync_control()?;
+        Ok((ring, report))
+    }
+
+    // ----- shape and state -------------------------------------------------
+
+    /// The file this ring lives in.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The static header (incarnation as of this open).
+    pub fn header(&self) -> RingHeader {
+        self.header
+    }
+
+    /// Capacity and record limit.
+    pub fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    /// Whether mlock succeeded.
+    pub fn memory_locked(&self) -> bool {
+        self.memory_locked
+    }
+
+    /// The first index still in the log.
+    pub fn first_index(&self) -> u64 {
+        self.first_index
+    }
+
+    /// One past the last index in the log.
+    pub fn next_index(&self) -> u64 {
+        self.tip.next_index
+    }
+
+    /// The chain state at the end of the log.
+    pub fn tip(&self) -> ChainTip {
+        self.tip
+    }
+
+    /// The last purged log id.
+    pub fn last_purged(&self) -> Option<LogPos> {
+        self.anchor
+    }
+
+    /// The last entry's log id, or the last purged one when the log is empty.
+    pub fn last_log(&self) -> Option<LogPos> {
+        match self.slots.back() {
+            Some(slot) => Some(LogPos {
+                term: slot.term,
+                index: self.tip.next_index - 1,
+            }),
+            None => self.anchor,
+        }
+    }
+
+    /// The term of entry `index`, if the log holds it.
+    pub fn term_of(&self, index: u64) -> Option<u64> {
+        self.slot(index).map(|s| s.term)
+    }
+
+    /// Logical offset of the oldest byte still needed.
+    pub fn head_lsn(&self) -> u64 {
+        self.head_lsn
+    }
+
+    /// Logical offset where the next record goes.
+    pub fn tail_lsn(&self) -> u64 {
+        self.tail_lsn
+    }
+
+    /// Bytes that can be written before reaching `head + capacity`.
+    pub fn free_bytes(&self) -> u64 {
+        self.head_lsn + self.geometry.capacity - self.tail_lsn
+    }
+
+    // ----- control words ---------------------------------------------------
+
+    /// The fence word: the epoch of the leader allowed to write.
+    pub fn fence(&self) -> Epoch {
+        Epoch(self.word(FENCE_OFFSET).load(Ordering::Acquire))
+    }
+
+    /// Compare-and-swap of the fence with a CPU atomic, upward only.
+    ///
+    /// DESIGN.md: RDMA atomics are atomic only against other RDMA atomics of
+    /// the same device, so a node whose device reports `IBV_ATOMIC_HCA` must
+    /// change its own fence through a loopback connection instead. This is
+    /// for devices with global atomics and for software fabrics, whose
+    /// atomics are these same CPU atomics. Returns the value found.
+    pub fn compare_exchange_fence(&self, current: Epoch, new: Epoch) -> Result<Epoch> {
+        if new <= current {
+            return Err(WalError::FenceDownward {
+                current,
+                proposed: new,
+            });
+        }
+        let found = match self.word(FENCE_OFFSET).compare_exchange(
+            current.0,
+            new.0,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(v) | Err(v) => v,
+        };
+        Ok(Epoch(found))
+    }
+
+    /// The leader's last commit hint.
+    pub fn commit_hint(&self) -> Option<u64> {
+        decode_index_word(self.word(COMMIT_OFFSET).load(Ordering::Acquire))
+    }
+
+    /// Records the leader's commit hint.
+    pub fn set_commit_hint(&self, index: Option<u64>) {
+        self.word(COMMIT_OFFSET)
+            .store(encode_index_word(index), Ordering::Release);
+    }
+
+    /// The highest index this node acknowledged.
+    pub fn acked(&self) -> Option<u64> {
+        decode_index_word(self.word(ACKED_OFFSET).load(Ordering::Acquire))
+    }
+
+    /// Raises the acknowledged watermark to `index` (memory durability: no
+    /// msync). `index` must be in the log.
+    pub fn mark_acked(&self, index: u64) {
+        assert!(
+            index < self.tip.next_index,
+            "acknowledging {index}, beyond the log's end {}",
+            self.tip.next_index
+        );
+        self.word(ACKED_OFFSET)
+            .fetch_max(encode_index_word(Some(index)), Ordering::AcqRel);
+    }
+
+    /// Fsync durability: makes every record written so far durable, then
+    /// raises the acknowledged watermark to `index` and makes it (and the
+    /// fence) durable. Only after this may the node acknowledge `index`.
+    pub fn sync_and_ack(&mut self, index: u64) -> Result<()> {
+        self.sync_data()?;
+        self.mark_acked(index);
+        self.sync_control()
+    }
+
+    /// Makes every record written so far and the control block durable.
+    pub fn sync(&mut self) -> Result<()> {
+        self.sync_data()?;
+        self.sync_control()
+    }
+
+    /// The parts a fabric registers; see the module docs.
+    pub fn regions(&self) -> RingRegions {
+        // SAFETY: both offsets are inside the mapping.
+        let at = |offset: usize, len: usize| RawRegion {
+            addr: unsafe { self.base.as_ptr().add(offset) },
+            len,
+        };
+        RingRegions {
+            data: at(CONTROL_BLOCK_BYTES, self.geometry.capacity as usize),
+            fence: at(FENCE_OFFSET, 8),
+            head: at(HEAD_OFFSET, 8),
+        }
+    }
+
+    // ----- writing -----------------------------------------------------------
+
+    /// Appends entries written by this node (a leader's own writes, or a
+    /// conflicting suffix a follower received two-sided), as the writer
+    /// holding `epoch`. All or nothing: on error nothing is written.
+    pub fn append(&mut self, epoch: Epoch, entries: &[EntryRef<'_>]) -> Result<Extended> {
+        let fence = self.fence();
+        if epoch > fence {
+            return Err(WalError::EpochAboveFence { epoch, fence });
+        }
+        for e in entries {
+            if e.payload.len() as u64 > self.geometry.max_payload_bytes {
+                return Err(WalError::RecordTooLarge {
+                    len: e.payload.len() as u64,
+                    max: self.geometry.max_payload_bytes,
+                });
+            }
+        }
+        let mut encoder =
+            RecordEncoder::new(self.geometry.capacity, self.tail_lsn, self.tip, epoch);
+        encoder.check_batch(entries)?;
+        let end_lsn = span_end(
+            self.tail_lsn,
+            self.geometry.capacity,
+            entries.iter().map(|e| e.payload.len() as u64),
+        );
+        self.check_room(end_lsn)?;
+        let (start_lsn, start_tip) = (self.tail_lsn, self.tip);
+        let mut sink = MapSink {
+            data: self.data_ptr(),
+            capacity: self.geometry.capacity,
+        };
+        for entry in entries {
+            let placed = encoder.push(&mut sink, entry).expect("batch checked above");
+            self.slots.push_back(Slot {
+                lsn: placed.lsn,
+                term: placed.term,
+            });
+        }
+        assert_eq!(
+            encoder.next_lsn(),
+            end_lsn,
+            "span_end and the encoder agree"
+        );
+        self.mark_dirty(self.tail_lsn, end_lsn);
+        self.tail_lsn = end_lsn;
+        self.tip = encoder.tip();
+        debug_assert_eq!(self.verify_from(start_lsn, start_tip), Ok(()));
+        Ok(Extended {
+            last: self.last_log(),
+            tail_lsn: self.tail_lsn,
+        })
+    }
+
+    /// Adopts in place the records a remote writer put at
+    /// `request.from_lsn..request.to_lsn`: each must pass the validator in
+    /// its adoption context (epoch equal to the current fence) and together
+    /// they must be the entries the control message names. All or nothing.
+    pub fn adopt(&mut self, request: AdoptRequest) -> Result<Extended> {
+        let limit_lsn = self.head_lsn + self.geometry.capacity;
+        if request.from_lsn != self.tail_lsn {
+            return Err(AdoptError::NotAtTail {
+                from_lsn: request.from_lsn,
+                tail_lsn: self.tail_lsn,
+            }
+            .into());
+        }
+        if request.to_lsn < request.from_lsn || request.to_lsn > limit_lsn {
+            return Err(AdoptError::BadRange {
+                from_lsn: request.from_lsn,
+                to_lsn: request.to_lsn,
+                limit_lsn,
+            }
+            .into());
+        }
+        let check = Check::Adoption {
+            fence: self.fence(),
+        };
+        let mut tip = self.tip;
+        let mut lsn = request.from_lsn;
+        let mut adopted = Vec::new();
+        while lsn < request.to_lsn {
+            let valid = self
+                .validate_in_place(lsn, tip, check)
+                .map_err(|reason| AdoptError::Rejected { lsn, reason })?;
+            if valid.next_lsn > request.to_lsn && valid.header.kind == RecordKind::Entry {
+                return Err(AdoptError::EndMismatch {
+                    expected: request.to_lsn,
+                    found: valid.next_lsn,
+                }
+                .into());
+            }
+            if valid.header.kind == RecordKind::Entry {
+                adopted.push(Slot {
+                    lsn,
+                    term: valid.header.term,
+                });
+            }
+            tip = valid.tip;
+            lsn = valid.next_lsn;
+        }
+        let found_last = adopted.last().map(|s| LogPos {
+            term: s.term,
+            index: tip.next_index - 1,
+        });
+        if adopted.len() as u64 != request.entries || found_last != request.last {
+            return Err(AdoptError::EntriesMismatch {
+                expected_count: request.entries,
+                expected_last: request.last,
+                found_count: adopted.len() as u64,
+                found_last,
+            }
+            .into());
+        }
+        // A trailing wrap marker moves the tail to the next lap.
+        let end_lsn = lsn;
+        if end_lsn > limit_lsn {
+            return Err(AdoptError::BadRange {
+                from_lsn: request.from_lsn,
+                to_lsn: end_lsn,
+                limit_lsn,
+            }
+            .into());
+        }
+        self.slots.extend(adopted);
+        self.mark_dirty(self.tail_lsn, end_lsn);
+        self.tail_lsn = end_lsn;
+        self.tip = tip;
+        Ok(Extended {
+            last: self.last_log(),
+            tail_lsn: self.tail_lsn,
+        })
+    }
+
+    /// Erases scratch bytes a remote writer left beyond the adopted tail, up
+    /// to `to_lsn` (bounded by the window): after a rejected adoption, so that
+    /// neither a later adoption nor recovery finds the rejected records.
+    pub fn clear_scratch(&mut self, to_lsn: u64) {
+        let to_lsn = to_lsn.min(self.head_lsn + self.geometry.capacity);
+        if to_lsn > self.tail_lsn {
+            self.zero_range(self.tail_lsn, to_lsn);
+        }
+    }
+
+    /// Removes every entry after `last_kept` (all of them when `None`), and
+    /// erases their records so that recovery cannot bring them back.
+    pub fn truncate_after(&mut self, last_kept: Option<u64>) -> Result<()> {
+        let keep_next = last_kept.map_or(0, |i| i + 1);
+        if keep_next >= self.tip.next_index {
+            return Ok(());
+        }
+        if keep_next < self.first_index {
+            return Err(WalError::Conflict(format!(
+                "cannot truncate after {last_kept:?}: entries up to {} are purged",
+                self.first_index.saturating_sub(1)
+            )));
+        }
+        let (new_tail, new_tip) = if keep_next == self.first_index {
+            (self.head_lsn, ChainTip::after(self.anchor))
+        } else {
+            let index = keep_next - 1;
+            let slot = self.slot(index).expect("index checked above");
+            let header = self.stored_header(slot.lsn);
+            (
+                slot.lsn + header.record_len(),
+                ChainTip {
+                    next_index: keep_next,
+                    last_term: slot.term,
+                    epoch: header.epoch,
+                },
+            )
+        };
+        self.zero_range(new_tail, self.tail_lsn);
+        self.slots.truncate((keep_next - self.first_index) as usize);
+        self.tail_lsn = new_tail;
+        self.tip = new_tip;
+        let acked = self.word(ACKED_OFFSET);
+        let keep_word = encode_index_word(last_kept);
+        acked.fetch_min(keep_word, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Where the log would continue after purging up to and including
+    /// `upto`; `None` when that is already purged. `upto` may lie beyond the
+    /// log (after a snapshot), then the whole log goes.
+    pub fn purge_point(&self, upto: LogPos) -> Result<Option<PurgePoint>> {
+        if upto.index < self.first_index {
+            return match self.anchor {
+                Some(a) if a.index == upto.index && a.term != upto.term => Err(WalError::Conflict(
+                    format!("purge to {upto:?}, but {a:?} was purged already"),
+                )),
+                _ => Ok(None),
+            };
+        }
+        let next_lsn = match self.slot(upto.index) {
+            Some(slot) => {
+                if slot.term != upto.term {
+                    return Err(WalError::Conflict(format!(
+                        "purge to {upto:?}, but the log holds term {} at that index",
+                        slot.term
+                    )));
+                }
+                slot.lsn + self.stored_header(slot.lsn).record_len()
+            }
+            None => self.tail_lsn,
+        };
+        Ok(Some(PurgePoint {
+            log: upto,
+            next_lsn,
+        }))
+    }
+
+    /// Purges up to `point` (from [`Ring::purge_point`]) and advances `head`.
+    /// The caller stores the purge point in the metadata file first.
+    pub fn apply_purge(&mut self, point: PurgePoint) {
+        assert!(
+            point.next_lsn >= self.head_lsn && point.next_lsn <= self.tail_lsn,
+            "purge point {point:?} outside {}..{}",
+            self.head_lsn,
+            self.tail_lsn
+        );
+        let drop = (point.log.index + 1)
+            .min(self.tip.next_index)
+            .saturating_sub(self.first_index);
+        self.slots.drain(..drop as usize);
+        self.first_index = point.log.index + 1;
+        self.anchor = Some(point.log);
+        if self.slots.is_empty() {
+            self.tip = ChainTip::after(Some(point.log));
+        }
+        self.head_lsn = point.next_lsn;
+        self.word(HEAD_OFFSET)
+            .store(point.next_lsn, Ordering::Release);
+    }
+
+    // ----- reading -----------------------------------------------------------
+
+    /// Reads entry `index`, checking its header and CRC.
+    pub fn read(&self, index: u64) -> Result<RecordView<'_>> {
+        let slot = self.slot(index).ok_or(WalError::NotInLog {
+            index,
+            first: self.first_index,
+            next: self.tip.next_index,
+        })?;
+        let corrupt = |detail: String| WalError::Corrupt {
+            index,
+            lsn: slot.lsn,
+            detail,
+        };
+        let header_bytes = self.header_bytes(slot.lsn);
+        let payload_len = validate_header(header_bytes, slot.lsn, self.geometry)
+            .map_err(|reason| corrupt(reason.to_string()))?;
+        let payload = self.bytes(slot.lsn + RECORD_HEADER_BYTES as u64, payload_len as usize);
+        // The chain was checked when the record entered the log; here the
+        // record must still be itself: CRC, layout, index and term.
+        let own_chain = ChainTip {
+            next_index: index,
+            last_term: crate::layout::le_u64(&header_bytes[40..]),
+            epoch: Epoch::ZERO,
+        };
+        let any_fence = Check::Recovery {
+            fence: Epoch(u64::MAX),
+        };
+        let valid = validate_payload(header_bytes, payload, self.geometry, own_chain, any_fence)
+            .map_err(|reason| corrupt(reason.to_string()))?;
+        if valid.header.kind != RecordKind::Entry || valid.header.term != slot.term {
+            return Err(corrupt(format!(
+                "holds a {:?} of term {}, the log says an entry of term {}",
+                valid.header.kind, valid.header.term, slot.term
+            )));
+        }
+        Ok(RecordView {
+            index,
+            term: valid.header.term,
+            lsn: slot.lsn,
+            epoch: valid.header.epoch,
+            payload,
+        })
+    }
+
+    // ----- internals ---------------------------------------------------------
+
+    fn slot(&self, index: u64) -> Option<Slot> {
+        let offset = index.checked_sub(self.first_index)?;
+        self.slots.get(usize::try_from(offset).ok()?).copied()
+    }
+
+    fn data_ptr(&self) -> *mut u8 {
+        // SAFETY: the data area starts right after the control block.
+        unsafe { self.base.as_ptr().add(CONTROL_BLOCK_BYTES) }
+    }
+
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        debug_assert!(offset.is_multiple_of(8) && offset < CONTROL_BLOCK_BYTES);
+        // SAFETY: the mapping is page aligned and `offset` is a multiple of 8
+        // inside the control block, so the word is aligned and in bounds; it
+        // is only ever accessed atomically (locally and by the fabric's
+        // atomics), and lives as long as `self`.
+        unsafe { &*(self.base.as_ptr().add(offset) as *const AtomicU64) }
+    }
+
+    fn write_control(&mut self, offset: usize, bytes: &[u8]) {
+        assert!(offset + bytes.len() <= CONTROL_BLOCK_BYTES);
+        // SAFETY: in bounds; the static header is not remotely accessible.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.base.as_ptr().add(offset),
+                bytes.len(),
+            )
+        };
+    }
+
+    /// `len` bytes at logical `lsn`, which must not straddle the end.
+    fn bytes(&self, lsn: u64, len: usize) -> &[u8] {
+        let physical = self.geometry.physical(lsn) as usize;
+        assert!(
+            physical + len <= self.geometry.capacity as usize,
+            "straddling read"
+        );
+        // SAFETY: in bounds (checked). Callers only read records the ring owns
+        // or a finished remote write named by a control message (module docs).
+        unsafe { std::slice::from_raw_parts(self.data_ptr().add(physical), len) }
+    }
+
+    fn header_bytes(&self, lsn: u64) -> &[u8; RECORD_HEADER_BYTES] {
+        self.bytes(lsn, RECORD_HEADER_BYTES)
+            .try_into()
+            .expect("64 bytes")
+    }
+
+    /// The header of a record the ring owns (asserted: it was validated).
+    fn stored_header(&self, lsn: u64) -> RecordHeader {
+        let header = RecordHeader::decode(self.header_bytes(lsn)).unwrap_or_else(|defect| {
+            panic!("owned record at lsn {lsn} lost its header: {defect:?}")
+        });
+        assert_eq!(header.lsn, lsn, "owned record moved");
+        header
+    }
+
+    fn validate_in_place(
+        &self,
+        lsn: u64,
+        tip: ChainTip,
+        check: Check,
+    ) -> Result<crate::validate::Valid, Invalid> {
+        let header = self.header_bytes(lsn);
+        let payload_len = validate_header(header, lsn, self.geometry)?;
+        let payload = self.bytes(lsn + RECORD_HEADER_BYTES as u64, payload_len as usize);
+        validate_payload(header, payload, self.geometry, tip, check)
+    }
+
+    /// Debug check that the records from `lsn` to the tail continue `tip`
+    /// under the recovery rules: what this ring writes, it can recover.
+    fn verify_from(&self, mut lsn: u64, mut tip: ChainTip) -> Result<(), Invalid> {
+        let check = Check::Recovery {
+            fence: self.fence(),
+        };
+        while lsn < self.tail_lsn {
+            let valid = self.validate_in_place(lsn, tip, check)?;
+            tip = valid.tip;
+            lsn = valid.next_lsn;
+        }
+        assert_eq!(tip, self.tip, "the chain state matches the records");
+        Ok(())
+    }
+
+    fn check_room(&self, end_lsn: u64) -> Result<()> {
+        let limit = self.head_lsn + self.geometry.capacity;
+        if end_lsn > limit {
+            return Err(WalError::RingFull {
+                needed: end_lsn - self.tail_lsn,
+                free: limit - self.tail_lsn,
+            });
+        }
+        Ok(())
+    }
+
+    fn zero_range(&mut self, from: u64, to: u64) {
+        debug_assert!(to - from <= self.geometry.capacity);
+        let mut lsn = from;
+        while lsn < to {
+            let physical = self.geometry.physical(lsn);
+            let run = (self.geometry.capacity - physical).min(to - lsn);
+            // SAFETY: in bounds (the run stops at the end of the area); the
+            // range is the ring's own (truncated entries or scratch beyond the
+            // tail that no fence holder is writing: see `clear_scratch`).
+            unsafe {
+                std::ptr::write_bytes(self.data_ptr().add(physical as usize), 0, run as usize)
+            };
+            lsn += run;
+        }
+        self.mark_dirty(from, to);
+    }
+
+    fn mark_dirty(&mut self, from: u64, to: u64) {
+        if from >= to {
+            return;
+        }
+        self.unsynced = Some(match self.unsynced {
+            Some((lo, hi)) => (lo.min(from), hi.max(to)),
+            None => (from, to),
+        });
+    }
+
+    fn sync_data(&mut self) -> Result<()> {
+        self.check_not_poisoned()?;
+        let Some((from, to)) = self.unsynced else {
+            return Ok(());
+        };
+        let capacity = self.geometry.capacity;
+        let (a, b) = (self.geometry.physical(from), self.geometry.physical(to));
+        let ranges = if to - from >= capacity {
+            [(0, capacity), (0, 0)]
+        } else if a < b || b == 0 {
+            [(a, if b == 0 { capacity } else { b }), (0, 0)]
+        } else {
+            [(a, capacity), (0, b)]
+        };
+        for (start, end) in ranges.into_iter().filter(|(s, e)| s < e) {
+            let flushed = self
+                .map
+                .flush_range(CONTROL_BLOCK_BYTES + start as usize, (end - start) as usize);
+            self.poison_on_error(flushed)?;
+        }
+        self.unsynced = None;
+        Ok(())
+    }
+
+    fn sync_control(&mut self) -> Result<()> {
+        self.check_not_poisoned()?;
+        let flushed = self.map.flush_range(0, CONTROL_BLOCK_BYTES);
+        self.poison_on_error(flushed)
+    }
+
+    /// A failed msync may have dropped the dirty pages it could not write
+    /// (they are then clean and a retry "succeeds" without writing them), so
+    /// after one failure nothing the ring holds can be called durable: every
+    /// later sync fails too, and the node must restart and recover.
+    fn poison_on_error(&mut self, result: std::io::Result<()>) -> Result<()> {
+        result.map_err(|source| {
+            self.sync_failed = Some(source.to_string());
+            WalError::Io {
+                op: "msync",
+                path: self.path.clone(),
+                source,
+            }
+        })
+    }
+
+    fn check_not_poisoned(&self) -> Result<()> {
+        match &self.sync_failed {
+            Some(first) => Err(WalError::SyncFailed {
+                path: self.path.clone(),
+                first: first.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Writes records straight into the mapping.
+struct MapSink {
+    data: *mut u8,
+    capacity: u64,
+}
+
+impl RecordSink for MapSink {
+    fn put_record(&mut self, lsn: u64, header: &[u8; RECORD_HEADER_BYTES], payload: &[u8]) {
+        let physical = (lsn & (self.capacity - 1)) as usize;
+        assert!(physical + RECORD_HEADER_BYTES + payload.len() <= self.capacity as usize);
+        // SAFETY: in bounds (asserted); the bytes lie at or beyond the tail
+        // and below head + capacity (checked by `append`), where only this
+        // node writes while it appends locally.
+        unsafe {
+            let dst = self.data.add(physical);
+            std::ptr::copy_nonoverlapping(header.as_ptr(), dst, RECORD_HEADER_BYTES);
+            std::ptr::copy_nonoverlapping(
+                payload.as_ptr(),
+                dst.add(RECORD_HEADER_BYTES),
+                payload.len(),
+            );
+        }
+    }
+}
+
+fn preallocate(file: &File, path: &Path, len: u64) -> Result<()> {
+    let len_off = libc::off_t::try_from(len)
+        .map_err(|_| WalError::Config(format!("ring file of {len} bytes is too large")))?;
+    // SAFETY: plain syscall on an open descriptor.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len_off) };
+    if rc != 0 {
+        tracing::warn!(
+            path = %path.display(),
+            error = %std::io::Error::from_raw_os_error(rc),
+            "posix_fallocate failed; the ring file is sparse and a full disk may surface later"
+        );
+        file.set_len(len).map_err(WalError::io("set_len", path))?;
+    }
+    Ok(())
+}
+
+/// Starts the ring from an empty page cache, faulted in page by page.
+///
+/// Linux (6.x) caches ext4 files in large folios (up to 2 MiB) when it reads
+/// ahead. A store through the mapping dirties a whole folio, and msync then
+/// writes all of it back: a 64-byte append cost ~3 ms to sync instead of
+/// ~0.3 ms (measured, wal/BENCH.md). So at open: write back what a previous
+/// instance left dirty, drop the file's cached pages (they may have come in
+/// through read-ahead, from a `cp` or an older process), and forbid
+/// read-ahead on the descriptor and, before any page is touched, on the
+/// mapping, so that every page is faulted in as its own 4 KiB folio.
+fn fresh_page_cache(file: &File, path: &Path) -> Result<()> {
+    file.sync_data().map_err(WalError::io("fdatasync", path))?;
+    for (advice, what) in [
+        (libc::POSIX_FADV_DONTNEED, "posix_fadvise(DONTNEED)"),
+        (libc::POSIX_FADV_RANDOM, "posix_fadvise(RANDOM)"),
+    ] {
+        // SAFETY: plain syscall on an open descriptor.
+        let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, advice) };
+        if rc != 0 {
+            return Err(WalError::Io {
+                op: what,
+                path: path.to_path_buf(),
+                source: std::io::Error::from_raw_os_error(rc),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn lock_memory(map: &MmapMut, path: &Path) -> bool {
+    match map.lock() {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(
+                path = %path.display(),
+                bytes = map.len(),
+                %error,
+                "mlock of the ring failed (RLIMIT_MEMLOCK?); the ring works but may be paged out"
+            );
+            false
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! Helpers shared by the wal integration tests.
+#![allow(dead_code)]
+
+use std::path::Path;
+
+use ringraft_wal::{
+    ChainTip, EntryRef, Epoch, LogPos, RecordEncoder, Ring, RingConfig, Wal, WriteBuffer,
+};
+
+pub const CAP: u64 = 1 << 20;
+pub const MAX_RECORD: u64 = 16 << 10;
+
+pub fn config(node_id: u64) -> RingConfig {
+    RingConfig {
+        capacity: CAP,
+        max_record_bytes: MAX_RECORD,
+        cluster_id: 0xC0FFEE,
+        node_id,
+        lock_memory: false,
+    }
+}
+
+pub fn epoch(term: u64, leader: u64) -> Epoch {
+    Epoch::new(term, leader).unwrap()
+}
+
+pub fn open(dir: &Path) -> Wal {
+    Wal::open(dir, &config(1)).unwrap()
+}
+
+/// A payload that tells which entry it belongs to.
+pub fn payload(index: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (index as usize * 31 + i) as u8).collect()
+}
+
+/// Appends `n` entries of `term` under `e`, payload length from `len_of`.
+pub fn append_n(ring: &mut Ring, e: Epoch, term: u64, n: u64, len_of: impl Fn(u64) -> usize) {
+    for _ in 0..n {
+        let index = ring.next_index();
+        let p = payload(index, len_of(index));
+        ring.append(
+            e,
+            &[EntryRef {
+                term,
+                index,
+                payload: &p,
+            }],
+        )
+        .unwrap();
+    }
+}
+
+/// Takes the fence of `ring` for `e` from whatever it holds.
+pub fn take_fence(ring: &Ring, e: Epoch) {
+    let current = ring.fence();
+    assert_eq!(ring.compare_exchange_fence(current, e).unwrap(), current);
+}
+
+/// Plays a remote leader: encodes entries after `tip` at `start_lsn` and
+/// writes them into the ring (entries as (index, term, payload))'s data area as a one-sided WRITE would.
+pub fn remote_write(
+    ring: &Ring,
+    start_lsn: u64,
+    tip: ChainTip,
+    e: Epoch,
+    entries: &[(u64, u64, Vec<u8>)],
+) -> WriteBuffer {
+    let mut encoder = RecordEncoder::new(CAP, start_lsn, tip, e);
+    let mut buf = WriteBuffer::new(CAP, start_lsn);
+    for (index, term, p) in entries {
+        encoder
+            .push(
+                &mut buf,
+                &EntryRef {
+                    term: *term,
+                    index: *index,
+                    payload: p,
+                },
+            )
+            .unwrap();
+    }
+    let data = ring.regions().data;
+    for seg in buf.segments() {
+        assert!(seg.physical as usize + seg.bytes.len() <= data.len);
+        // SAFETY: in bounds of the data area; the test is the only writer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                seg.bytes.as_ptr(),
+                data.addr.add(seg.physical as usize),
+                seg.bytes.len(),
+            )
+        };
+    }
+    buf
+}
+
+/// Everything the log holds, as (index, term, payload).
+pub fn contents(ring: &Ring) -> Vec<(u64, u64, Vec<u8>)> {
+    (ring.first_index()..ring.next_index())
+        .map(|i| {
+            let r = ring.read(i).unwrap();
+            (r.index, r.term, r.payload.to_vec())
+        })
+        .collect()
+}
+
+pub fn last(term: u64, index: u64) -> Option<LogPos> {
+    Some(LogPos { term, index })
+}
+
+/// Compares logs by (index, term, payload length, payload hash) so that a
+/// failure prints something readable.
+pub fn summary(log: &[(u64, u64, Vec<u8>)]) -> Vec<(u64, u64, usize, u32)> {
+    log.iter()
+        .map(|(i, t, p)| (*i, *t, p.len(), crc32fast::hash(p)))
+        .collect()
+}
+
+#[macro_export]
+macro_rules! assert_log_eq {
+    ($left:expr, $right:expr $(, $($arg:tt)*)?) => {
+        assert_eq!($crate::common::summary(&$left), $crate::common::summary(&$right) $(, $($arg)*)?)
+    };
+}
