@@ -1,0 +1,463 @@
+//! The `inproc` backend: an in-process fabric of named nodes with seeded
+//! fault injection.
+//!
+//! Every node gets a [`Device`] whose queue pairs are the software RNIC's,
+//! linked by in-process channels instead of sockets. The fabric can delay
+//! frames (a seeded random delay per frame, order kept), partition sets of
+//! nodes (both ways or one way: frames are held, as a real network holds
+//! retransmissions, so a short cut heals and a long one surfaces as
+//! `RetryExceeded`), pause a node (nothing leaves or reaches it: its posted
+//! WRITEs stay in flight until it resumes), drop connections (both sides go
+//! to the error state at once, like a reset) and fail one side's queue pair
+//! (the peer only learns by timing out).
+//!
+//! With a current-thread tokio runtime (and paused time in tests) a run is
+//! a deterministic function of the seed.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use crate::api::{AcceptPolicy, Device, DeviceConfig, DeviceKind};
+use crate::error::{Result, TransportError};
+use crate::soft::conn::{Frame, WireOut, wire};
+use crate::soft::{Flavor, SoftConnection, SoftDevice, SoftListener};
+use crate::types::{AtomicCapability, ConnConfig};
+
+struct ListenerEntry {
+    device: Weak<SoftDevice>,
+    node: String,
+    config: ConnConfig,
+    policy: AcceptPolicy,
+    tx: mpsc::Sender<SoftConnection>,
+}
+
+#[derive(Default)]
+struct NetState {
+    paused: HashSet<String>,
+    /// Directed cuts: frames from .0 to .1 are held.
+    cuts: HashSet<(String, String)>,
+    delay: (Duration, Duration),
+}
+
+impl NetState {
+    fn passes(&self, from: &str, to: &str) -> bool {
+        !self.paused.contains(from)
+            && !self.paused.contains(to)
+            && !self.cuts.contains(&(from.to_string(), to.to_string()))
+    }
+}
+
+/// One direction of a live link, for fault injection.
+struct Direction {
+    from: String,
+    to: String,
+    /// Frames are dropped from now on (a failed queue pair on `from`).
+    dead: Arc<AtomicBool>,
+    /// The receiving side's queue pair input, to break it.
+    incoming: mpsc::UnboundedSender<Frame>,
+}
+
+struct Inner {
+    rng: Mutex<StdRng>,
+    listeners: Mutex<HashMap<String, ListenerEntry>>,
+    state: Mutex<NetState>,
+    changed: watch::Sender<u64>,
+    links: Mutex<Vec<(Direction, Direction)>>,
+}
+
+/// An in-process fabric. Cloning shares it.
+#[derive(Clone)]
+pub struct Fabric {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Fabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fabric").finish_non_exhaustive()
+    }
+}
+
+impl Fabric {
+    /// A fabric whose random choices (delays) follow `seed`.
+    pub fn new(seed: u64) -> Fabric {
+        Fabric {
+            inner: Arc::new(Inner {
+                rng: Mutex::new(StdRng::seed_from_u64(seed)),
+                listeners: Mutex::new(HashMap::new()),
+                state: Mutex::new(NetState::default()),
+                changed: watch::channel(0).0,
+                links: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// The device of node `node` (its atomics are CPU atomics: global).
+    pub fn device(&self, node: &str, config: DeviceConfig) -> Device {
+        self.device_with_atomics(node, config, AtomicCapability::Global)
+    }
+
+    /// The device of `node`, reporting `atomic` as its atomic capability
+    /// (tests use [`AtomicCapability::Hca`] to exercise the loopback path).
+    pub fn device_with_atomics(
+        &self,
+        node: &str,
+        config: DeviceConfig,
+        atomic: AtomicCapability,
+    ) -> Device {
+        let flavor = Flavor::Inproc {
+            fabric: self.clone(),
+            node: node.to_string(),
+        };
+        Device {
+            kind: DeviceKind::Soft(Arc::new(SoftDevice::new(config, flavor, atomic))),
+        }
+    }
+
+    fn update(&self, f: impl FnOnce(&mut NetState)) {
+        f(&mut self.inner.state.lock().expect("fabric state"));
+        self.inner.changed.send_modify(|v| *v += 1);
+    }
+
+    /// Cuts every link between a node of `a` and a node of `b`, both ways.
+    pub fn partition(&self, a: &[&str], b: &[&str]) {
+        self.update(|s| {
+            for x in a {
+                for y in b {
+                    s.cuts.insert((x.to_string(), y.to_string()));
+                    s.cuts.insert((y.to_string(), x.to_string()));
+                }
+            }
+        });
+    }
+
+    /// Cuts frames from `from` to `to` only.
+    pub fn cut_one_way(&self, from: &str, to: &str) {
+        self.update(|s| {
+            s.cuts.insert((from.to_string(), to.to_string()));
+        });
+    }
+
+    /// Removes every cut.
+    pub fn heal(&self) {
+        self.update(|s| s.cuts.clear());
+    }
+
+    /// Freezes `node`'s traffic: nothing it sends leaves, nothing reaches it.
+    pub fn pause(&self, node: &str) {
+        self.update(|s| {
+            s.paused.insert(node.to_string());
+        });
+    }
+
+    /// Lets `node`'s held traffic go.
+    pub fn resume(&self, node: &str) {
+        self.update(|s| {
+            s.paused.remove(node);
+        });
+    }
+
+    /// Delays every frame by a seeded random duration in `min..=max`.
+    pub fn set_delay(&self, min: Duration, max: Duration) {
+        assert!(min <= max, "delay range {min:?}..={max:?}");
+        self.update(|s| s.delay = (min, max));
+    }
+
+    /// Breaks every live connection between `a` and `b`: both sides go to
+    /// the error state now. Returns how many.
+    pub fn drop_connections(&self, a: &str, b: &str) -> usize {
+        let mut links = self.inner.links.lock().expect("fabric links");
+        links.retain(|(x, _)| !x.incoming.is_closed());
+        let mut n = 0;
+        for (x, y) in links.iter() {
+            if (x.from == a && x.to == b) || (x.from == b && x.to == a) {
+                for d in [x, y] {
+                    d.dead.store(true, Ordering::Release);
+                    let _ = d.incoming.send(Frame::Close {
+                        reason: "connection dropped by the fabric".into(),
+                    });
+                }
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Fails `node`'s queue pairs towards `peer`: `node`'s side goes to the
+    /// error state, and nothing more reaches `peer`, which learns by timing
+    /// out. Returns how many.
+    pub fn fail_qp(&self, node: &str, peer: &str) -> usize {
+        let mut links = self.inner.links.lock().expect("fabric links");
+        links.retain(|(x, _)| !x.incoming.is_closed());
+        let mut n = 0;
+        for (x, y) in links.iter() {
+            for (out, back) in [(x, y), (y, x)] {
+                if out.from == node && out.to == peer {
+                    out.dead.store(true, Ordering::Release);
+                    let _ = back.incoming.send(Frame::Close {
+                        reason: "queue pair failed (injected)".into(),
+                    });
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    fn delay(&self) -> Duration {
+        let (min, max) = self.inner.state.lock().expect("fabric state").delay;
+        if min == max {
+            return min;
+        }
+        let nanos = self
+            .inner
+            .rng
+            .lock()
+            .expect("fabric rng")
+            .random_range(min.as_nanos() as u64..=max.as_nanos() as u64);
+        Duration::from_nanos(nanos)
+    }
+
+    async fn wait_passes(&self, from: &str, to: &str) {
+        let mut changed = self.inner.changed.subscribe();
+        loop {
+            if self
+                .inner
+                .state
+                .lock()
+                .expect("fabric state")
+                .passes(from, to)
+            {
+                return;
+            }
+            if changed.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    pub(crate) fn listen(
+        &self,
+        device: Arc<SoftDevice>,
+        addr: &str,
+        config: ConnConfig,
+        policy: AcceptPolicy,
+    ) -> Result<SoftListener> {
+        let Flavor::Inproc { node, .. } = &device.flavor else {
+            unreachable!("inproc listen on another flavor");
+        };
+        let mut listeners = self.inner.listeners.lock().expect("fabric listeners");
+        if listeners.get(addr).is_some_and(|l| !l.tx.is_closed()) {
+            return Err(TransportError::Io {
+                op: format!("listen on {addr}"),
+                source: std::io::ErrorKind::AddrInUse.into(),
+            });
+        }
+        let (tx, incoming) = mpsc::channel(64);
+        listeners.insert(
+            addr.to_string(),
+            ListenerEntry {
+                device: Arc::downgrade(&device),
+                node: node.clone(),
+                config,
+                policy,
+                tx,
+            },
+        );
+        Ok(SoftListener {
+            incoming,
+            local_addr: addr.to_string(),
+            rejected: device.rejected.clone(),
+            task: tokio::spawn(async {}),
+        })
+    }
+
+    pub(crate) async fn connect(
+        &self,
+        device: Arc<SoftDevice>,
+        addr: &str,
+        config: ConnConfig,
+        app_data: Vec<u8>,
+    ) -> Result<SoftConnection> {
+        let Flavor::Inproc {
+            node: client_node, ..
+        } = &device.flavor
+        else {
+            unreachable!("inproc connect on another flavor");
+        };
+        let refused = || TransportError::Io {
+            op: format!("connect to {addr}"),
+            source: std::io::ErrorKind::ConnectionRefused.into(),
+        };
+        let (server, server_node, server_config, policy, accept_tx) = {
+            let listeners = self.inner.listeners.lock().expect("fabric listeners");
+            let entry = listeners.get(addr).ok_or_else(refused)?;
+            let server = entry.device.upgrade().ok_or_else(refused)?;
+            (
+                server,
+                entry.node.clone(),
+                entry.config.clone(),
+                entry.policy.clone(),
+                entry.tx.clone(),
+            )
+        };
+        if accept_tx.is_closed() {
+            return Err(refused());
+        }
+        let slot = device.reserve_connection()?;
+        // The handshake crosses the fabric too: it waits for the path.
+        let reachable = async {
+            self.wait_passes(client_node, &server_node).await;
+            self.wait_passes(&server_node, client_node).await;
+        };
+        tokio::time::timeout(config.handshake_timeout, reachable)
+            .await
+            .map_err(|_| TransportError::Timeout {
+                what: format!("connect to {addr} (unreachable)"),
+                after_ms: config.handshake_timeout.as_millis() as u64,
+            })?;
+        let (mut client_end, mut server_end) = tokio::io::duplex(64 << 10);
+        let client_name = format!("{client_node} (inproc)");
+        let server_task = {
+            let server = server.clone();
+            let server_config = server_config.clone();
+            tokio::spawn(async move {
+                server
+                    .server_handshake(&mut server_end, &client_name, &server_config, &policy)
+                    .await
+            })
+        };
+        let client_result = device
+            .client_handshake(&mut client_end, addr, &config, app_data)
+            .await;
+        // A client that gave up closes its end, so that the server stops
+        // waiting for it.
+        drop(client_end);
+        let server_result = server_task
+            .await
+            .map_err(|e| TransportError::Device(e.to_string()))?;
+        let (server_info, client_endpoint, server_slot) = match server_result {
+            Ok(x) => x,
+            Err(e) => {
+                server.rejected.fetch_add(1, Ordering::Relaxed);
+                return Err(client_result.err().unwrap_or(e));
+            }
+        };
+        let (client_info, server_endpoint) = client_result?;
+
+        let (client_wire, client_out, client_in) = wire();
+        let (server_wire, server_out, server_in) = wire();
+        let c2s = self.pump(client_node, &server_node, client_out, server_in.clone());
+        let s2c = self.pump(&server_node, client_node, server_out, client_in.clone());
+        self.inner
+            .links
+            .lock()
+            .expect("fabric links")
+            .push((c2s, s2c));
+        let server_conn = server.start(
+            format!("{client_node} (inproc)"),
+            server_config,
+            server_info,
+            client_endpoint,
+            server_wire,
+            server_slot,
+        );
+        if accept_tx.send(server_conn).await.is_err() {
+            return Err(refused());
+        }
+        Ok(device.start(
+            addr.to_string(),
+            config,
+            client_info,
+            server_endpoint,
+            client_wire,
+            slot,
+        ))
+    }
+
+    /// Starts moving frames from `from`'s queue pair to `to`'s, with the
+    /// fabric's faults.
+    fn pump(
+        &self,
+        from: &str,
+        to: &str,
+        out: WireOut,
+        incoming: mpsc::UnboundedSender<Frame>,
+    ) -> Direction {
+        let dead = Arc::new(AtomicBool::new(false));
+        let (stamped_tx, stamped_rx) = mpsc::unbounded_channel();
+        tokio::spawn(stamp(self.clone(), out, stamped_tx, dead.clone()));
+        tokio::spawn(deliver(
+            self.clone(),
+            from.to_string(),
+            to.to_string(),
+            stamped_rx,
+            incoming.clone(),
+            dead.clone(),
+        ));
+        Direction {
+            from: from.to_string(),
+            to: to.to_string(),
+            dead,
+            incoming,
+        }
+    }
+}
+
+/// Takes frames off a queue pair's outgoing channels and stamps each with
+/// its delivery time (now + a seeded delay).
+async fn stamp(
+    fabric: Fabric,
+    mut out: WireOut,
+    stamped: mpsc::UnboundedSender<(Instant, Frame)>,
+    dead: Arc<AtomicBool>,
+) {
+    loop {
+        // Answers first: a Close queued after an answer must not overtake it.
+        let frame = tokio::select! {
+            biased;
+            f = out.responses.recv() => f,
+            f = out.requests.recv() => f,
+        };
+        let Some(frame) = frame else { return };
+        if dead.load(Ordering::Acquire) {
+            continue;
+        }
+        let at = Instant::now() + fabric.delay();
+        let closing = matches!(frame, Frame::Close { .. });
+        if stamped.send((at, frame)).is_err() || closing {
+            return;
+        }
+    }
+}
+
+/// Delivers stamped frames in order, once their time has come and while
+/// the path is open.
+async fn deliver(
+    fabric: Fabric,
+    from: String,
+    to: String,
+    mut stamped: mpsc::UnboundedReceiver<(Instant, Frame)>,
+    incoming: mpsc::UnboundedSender<Frame>,
+    dead: Arc<AtomicBool>,
+) {
+    while let Some((at, frame)) = stamped.recv().await {
+        if at > Instant::now() {
+            tokio::time::sleep_until(at).await;
+        }
+        fabric.wait_passes(&from, &to).await;
+        if dead.load(Ordering::Acquire) {
+            continue;
+        }
+        let closing = matches!(frame, Frame::Close { .. });
+        if incoming.send(frame).is_err() || closing {
+            return;
+        }
+    }
+}

@@ -1,0 +1,527 @@
+//! A reliable-connected queue pair of the software RNIC, over any ordered
+//! frame channel (a TCP stream, or an in-process link).
+//!
+//! - Requester: work requests get a sequence number and go out in posting
+//!   order; the peer answers them in the same order, so completions arrive
+//!   in order. A request not answered within the transport's retry window
+//!   completes with `RetryExceeded`.
+//! - Responder: a task of its own executes the peer's requests one by one,
+//!   in order (RC ordering: a WRITE lands before the SEND posted after it is
+//!   delivered). A SEND that finds no posted receive waits as a real
+//!   requester would retry after a receiver-not-ready NAK, for the peer's
+//!   `rnr_retry` × `rnr_delay`, then fails with `RnrRetryExceeded`.
+//! - Error state: the first failed request, a lost wire, a protocol
+//!   violation or a local close moves the queue pair to the error state:
+//!   every outstanding request completes with `Flushed`, new posts fail, and
+//!   the peer is told. A connection in error is never reused.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::nic::{Done, Request, SoftNic};
+use crate::error::{Result, TransportError, WcError};
+use crate::types::{Access, ConnConfig, Received};
+
+/// What crosses the wire after the handshake.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Frame {
+    Req {
+        seq: u64,
+        req: Request,
+    },
+    Resp {
+        seq: u64,
+        result: Result<Done, WcError>,
+    },
+    Close {
+        reason: String,
+    },
+}
+
+/// Largest frame on the wire: the largest transfer plus headers.
+pub(crate) const MAX_FRAME_BYTES: usize = (1 << 30) + 4096;
+/// Responses queued for the wire before the responder waits.
+const RESPONSE_QUEUE: usize = 1024;
+/// Requests from the peer queued before the responder: beyond this the
+/// peer is flooding and the connection fails.
+const REQUEST_BACKLOG: usize = 16 * 1024;
+
+/// The endpoint description a software queue pair reveals in the handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SoftEndpoint {
+    pub rnr_retry: u8,
+    pub rnr_delay_us: u64,
+}
+
+impl SoftEndpoint {
+    pub(crate) fn of(config: &ConnConfig) -> SoftEndpoint {
+        SoftEndpoint {
+            rnr_retry: config.rnr_retry,
+            rnr_delay_us: config.rnr_delay.as_micros() as u64,
+        }
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        bincode::serde::encode_to_vec(self, bincode::config::standard()).expect("encodes")
+    }
+
+    pub(crate) fn decode(bytes: &[u8], peer: &str) -> Result<SoftEndpoint> {
+        let (endpoint, _): (SoftEndpoint, _) =
+            bincode::serde::decode_from_slice(bytes, bincode::config::standard()).map_err(|e| {
+                TransportError::Protocol {
+                    peer: peer.to_string(),
+                    reason: format!("bad endpoint description: {e}"),
+                }
+            })?;
+        if endpoint.rnr_retry > ConnConfig::MAX_RETRY || endpoint.rnr_delay_us > 10_000_000 {
+            return Err(TransportError::Protocol {
+                peer: peer.to_string(),
+                reason: format!("endpoint parameters out of bounds: {endpoint:?}"),
+            });
+        }
+        Ok(endpoint)
+    }
+}
+
+/// The two directions a backend provides: frames to send (requests on an
+/// unbounded channel, since posts are limited by `max_outstanding`;
+/// responses on a bounded one) and frames received.
+pub(crate) struct Wire {
+    pub requests: mpsc::UnboundedSender<Frame>,
+    pub responses: mpsc::Sender<Frame>,
+    pub incoming: mpsc::UnboundedReceiver<Frame>,
+}
+
+/// The channels a backend drains to the peer.
+pub(crate) struct WireOut {
+    pub requests: mpsc::UnboundedReceiver<Frame>,
+    pub responses: mpsc::Receiver<Frame>,
+}
+
+/// Builds the channel pairs of a wire. The backend moves frames from
+/// [`WireOut`] to the peer and from the peer into the returned sender.
+pub(crate) fn wire() -> (Wire, WireOut, mpsc::UnboundedSender<Frame>) {
+    let (req_tx, req_rx) = mpsc::unbounded_channel();
+    let (resp_tx, resp_rx) = mpsc::channel(RESPONSE_QUEUE);
+    let (in_tx, in_rx) = mpsc::unbounded_channel();
+    (
+        Wire {
+            requests: req_tx,
+            responses: resp_tx,
+            incoming: in_rx,
+        },
+        WireOut {
+            requests: req_rx,
+            responses: resp_rx,
+        },
+        in_tx,
+    )
+}
+
+struct Pending {
+    seq: u64,
+    deadline: Instant,
+    done: oneshot::Sender<Result<Done, WcError>>,
+}
+
+struct Requester {
+    next_seq: u64,
+    queue: VecDeque<Pending>,
+}
+
+struct RecvState {
+    posted: u32,
+    queue: VecDeque<Received>,
+}
+
+struct Shared {
+    nic: Arc<SoftNic>,
+    peer: String,
+    config: ConnConfig,
+    peer_endpoint: SoftEndpoint,
+    requests: mpsc::UnboundedSender<Frame>,
+    /// `None` while ready; the cause once in the error state.
+    error: Mutex<Option<String>>,
+    requester: Mutex<Requester>,
+    posted_request: Notify,
+    qp_access: AtomicU32,
+    /// Requests received and not yet executed.
+    backlog: AtomicUsize,
+    recv: Mutex<RecvState>,
+    recv_ready: Notify,
+    recv_posted: Notify,
+}
+
+/// A software queue pair. Cloning shares it.
+#[derive(Clone)]
+pub(crate) struct SoftConn {
+    shared: Arc<Shared>,
+}
+
+impl SoftConn {
+    /// Starts the queue pair's tasks over `wire`.
+    pub(crate) fn start(
+        nic: Arc<SoftNic>,
+        peer: String,
+        config: ConnConfig,
+        peer_endpoint: SoftEndpoint,
+        wire: Wire,
+    ) -> SoftConn {
+        let Wire {
+            requests,
+            responses,
+            incoming,
+        } = wire;
+        let shared = Arc::new(Shared {
+            nic,
+            peer,
+            peer_endpoint,
+            requests,
+            error: Mutex::new(None),
+            requester: Mutex::new(Requester {
+                next_seq: 0,
+                queue: VecDeque::new(),
+            }),
+            posted_request: Notify::new(),
+            qp_access: AtomicU32::new((Access::ALL_REMOTE | Access::LOCAL_WRITE).bits()),
+            backlog: AtomicUsize::new(0),
+            recv: Mutex::new(RecvState {
+                posted: config.recv_depth,
+                queue: VecDeque::new(),
+            }),
+            recv_ready: Notify::new(),
+            recv_posted: Notify::new(),
+            config,
+        });
+        let (to_responder, responder_rx) = mpsc::unbounded_channel();
+        tokio::spawn(dispatch(shared.clone(), incoming, to_responder));
+        tokio::spawn(respond(shared.clone(), responder_rx, responses));
+        tokio::spawn(watchdog(Arc::downgrade(&shared)));
+        SoftConn { shared }
+    }
+
+    pub(crate) fn config(&self) -> &ConnConfig {
+        &self.shared.config
+    }
+
+    /// Posts a request; the receiver completes when the peer answers.
+    pub(crate) fn post(&self, req: Request) -> Result<oneshot::Receiver<Result<Done, WcError>>> {
+        let s = &self.shared;
+        s.check_ready()?;
+        let mut requester = s.requester.lock().expect("requester lock");
+        if requester.queue.len() as u32 >= s.config.max_outstanding {
+            return Err(TransportError::Limit {
+                what: "outstanding work requests",
+                limit: s.config.max_outstanding as u64,
+            });
+        }
+        let (done, rx) = oneshot::channel();
+        let seq = requester.next_seq;
+        requester.next_seq += 1;
+        requester.queue.push_back(Pending {
+            seq,
+            deadline: Instant::now() + s.config.op_deadline(),
+            done,
+        });
+        // Under the lock: frames leave in sequence order.
+        if s.requests.send(Frame::Req { seq, req }).is_err() {
+            drop(requester);
+            s.fail("the wire is closed".into(), None);
+            return Err(s.broken());
+        }
+        drop(requester);
+        s.posted_request.notify_one();
+        Ok(rx)
+    }
+
+    pub(crate) fn post_recv(&self, count: u32) -> Result<()> {
+        let s = &self.shared;
+        s.check_ready()?;
+        let mut recv = s.recv.lock().expect("recv lock");
+        let total = recv.posted as u64 + count as u64;
+        if total > 16 * 1024 {
+            return Err(TransportError::Limit {
+                what: "posted receives",
+                limit: 16 * 1024,
+            });
+        }
+        recv.posted = total as u32;
+        drop(recv);
+        s.recv_posted.notify_waiters();
+        Ok(())
+    }
+
+    pub(crate) async fn recv(&self) -> Result<Received> {
+        let s = &self.shared;
+        loop {
+            let notified = s.recv_ready.notified();
+            {
+                let mut recv = s.recv.lock().expect("recv lock");
+                if let Some(message) = recv.queue.pop_front() {
+                    if s.config.auto_repost {
+                        recv.posted += 1;
+                        drop(recv);
+                        s.recv_posted.notify_waiters();
+                    }
+                    return Ok(message);
+                }
+            }
+            s.check_ready()?;
+            notified.await;
+        }
+    }
+
+    pub(crate) fn set_remote_access(&self, access: Access) -> Result<()> {
+        self.shared.check_ready()?;
+        self.shared
+            .qp_access
+            .store(access.bits(), Ordering::Release);
+        Ok(())
+    }
+
+    pub(crate) fn broken(&self) -> Option<String> {
+        self.shared.error.lock().expect("state lock").clone()
+    }
+
+    /// Moves the queue pair to the error state.
+    pub(crate) fn close(&self, reason: &str) {
+        self.shared.fail(reason.to_string(), None);
+    }
+}
+
+impl Shared {
+    fn check_ready(&self) -> Result<()> {
+        let cause = self.error.lock().expect("state lock").clone();
+        match cause {
+            None => Ok(()),
+            Some(cause) => Err(TransportError::Broken {
+                peer: self.peer.clone(),
+                cause,
+            }),
+        }
+    }
+
+    fn broken(&self) -> TransportError {
+        self.check_ready()
+            .err()
+            .unwrap_or_else(|| TransportError::Broken {
+                peer: self.peer.clone(),
+                cause: "unknown".into(),
+            })
+    }
+
+    /// Enters the error state (once): completes the first outstanding request
+    /// with `first` when given, every other with `Flushed`, wakes receivers
+    /// and tells the peer.
+    fn fail(&self, cause: String, first: Option<WcError>) {
+        {
+            let mut error = self.error.lock().expect("state lock");
+            if error.is_some() {
+                return;
+            }
+            tracing::debug!(peer = %self.peer, %cause, "queue pair enters the error state");
+            *error = Some(cause.clone());
+        }
+        let drained: Vec<Pending> = {
+            let mut requester = self.requester.lock().expect("requester lock");
+            requester.queue.drain(..).collect()
+        };
+        for (i, pending) in drained.into_iter().enumerate() {
+            let error = match (i, first) {
+                (0, Some(e)) => e,
+                _ => WcError::Flushed,
+            };
+            let _ = pending.done.send(Err(error));
+        }
+        self.recv_ready.notify_waiters();
+        self.recv_posted.notify_waiters();
+        self.posted_request.notify_waiters();
+        let _ = self.requests.send(Frame::Close { reason: cause });
+    }
+
+    fn complete(&self, seq: u64, result: Result<Done, WcError>) {
+        let pending = {
+            let mut requester = self.requester.lock().expect("requester lock");
+            match requester.queue.front() {
+                Some(p) if p.seq == seq => requester.queue.pop_front(),
+                _ => None,
+            }
+        };
+        let Some(pending) = pending else {
+            if self.error.lock().expect("state lock").is_none() {
+                self.fail(format!("protocol: answer {seq} out of order"), None);
+            }
+            return;
+        };
+        match result {
+            Ok(done) => {
+                let _ = pending.done.send(Ok(done));
+            }
+            Err(error) => {
+                // Verbs: a failed request moves the requester's queue pair to
+                // the error state and flushes the rest, before its completion
+                // is seen.
+                self.fail(format!("{error}"), None);
+                let _ = pending.done.send(Err(error));
+            }
+        }
+    }
+
+    /// Waits until a receive is posted, as long as the peer's
+    /// receiver-not-ready retries allow. True when one was consumed.
+    async fn take_receive(&self) -> bool {
+        let tries = self.peer_endpoint.rnr_retry as u32 + 1;
+        let delay = Duration::from_micros(self.peer_endpoint.rnr_delay_us.max(1));
+        let deadline = Instant::now() + delay * tries;
+        loop {
+            let posted = self.recv_posted.notified();
+            {
+                let mut recv = self.recv.lock().expect("recv lock");
+                if recv.posted > 0 {
+                    recv.posted -= 1;
+                    return true;
+                }
+            }
+            if self.error.lock().expect("state lock").is_some() {
+                return false;
+            }
+            if tokio::time::timeout_at(deadline, posted).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    fn deliver(&self, message: Received) {
+        self.recv
+            .lock()
+            .expect("recv lock")
+            .queue
+            .push_back(message);
+        self.recv_ready.notify_waiters();
+    }
+}
+
+/// Reads the wire: answers go to the requester, requests to the responder.
+async fn dispatch(
+    shared: Arc<Shared>,
+    mut incoming: mpsc::UnboundedReceiver<Frame>,
+    to_responder: mpsc::UnboundedSender<(u64, Request)>,
+) {
+    while let Some(frame) = incoming.recv().await {
+        match frame {
+            Frame::Resp { seq, result } => shared.complete(seq, result),
+            Frame::Req { seq, req } => {
+                if shared.backlog.fetch_add(1, Ordering::AcqRel) >= REQUEST_BACKLOG {
+                    shared.fail("protocol: the peer floods requests".into(), None);
+                    break;
+                }
+                if to_responder.send((seq, req)).is_err() {
+                    break;
+                }
+            }
+            Frame::Close { reason } => {
+                shared.fail(format!("closed by the peer: {reason}"), None);
+                break;
+            }
+        }
+    }
+    shared.fail("the wire is closed".into(), None);
+}
+
+/// Executes the peer's requests in order and answers them.
+async fn respond(
+    shared: Arc<Shared>,
+    mut requests: mpsc::UnboundedReceiver<(u64, Request)>,
+    responses: mpsc::Sender<Frame>,
+) {
+    while let Some((seq, req)) = requests.recv().await {
+        shared.backlog.fetch_sub(1, Ordering::AcqRel);
+        let access = Access::from_bits_truncate(shared.qp_access.load(Ordering::Acquire));
+        // A message is delivered to the application only after its
+        // acknowledgement is queued, so that an application that reacts to
+        // it (by closing, say) cannot overtake the acknowledgement.
+        let (result, deliver) = match &req {
+            Request::Send { data } => {
+                if data.len() > shared.config.max_message_bytes as usize {
+                    (Err(WcError::RemoteInvalidRequest), None)
+                } else if shared.take_receive().await {
+                    (Ok(Done::Ok), Some(Received::Message(data.clone())))
+                } else {
+                    (Err(WcError::RnrRetryExceeded), None)
+                }
+            }
+            Request::Write { imm: Some(imm), .. } => match shared.nic.execute(&req, access) {
+                Ok(done) => {
+                    if shared.take_receive().await {
+                        (Ok(done), Some(Received::WriteImmediate(*imm)))
+                    } else {
+                        (Err(WcError::RnrRetryExceeded), None)
+                    }
+                }
+                Err(e) => (Err(e), None),
+            },
+            _ => (shared.nic.execute(&req, access), None),
+        };
+        if responses.send(Frame::Resp { seq, result }).await.is_err() {
+            break;
+        }
+        if let Some(message) = deliver {
+            shared.deliver(message);
+        }
+    }
+}
+
+/// Fails the oldest request once its deadline passes (and with it the queue
+/// pair): our own timeout above the transport's retries.
+async fn watchdog(shared: std::sync::Weak<Shared>) {
+    loop {
+        let Some(s) = shared.upgrade() else { return };
+        if s.error.lock().expect("state lock").is_some() {
+            return;
+        }
+        let oldest = s
+            .requester
+            .lock()
+            .expect("requester lock")
+            .queue
+            .front()
+            .map(|p| (p.seq, p.deadline));
+        match oldest {
+            None => {
+                // Wait for a post, re-checking periodically so that a dropped
+                // connection ends this task.
+                let posted = async { s.posted_request.notified().await };
+                let _ = tokio::time::timeout(Duration::from_secs(1), posted).await;
+            }
+            Some((seq, deadline)) if deadline <= Instant::now() => {
+                let still = s
+                    .requester
+                    .lock()
+                    .expect("requester lock")
+                    .queue
+                    .front()
+                    .is_some_and(|p| p.seq == seq);
+                if still {
+                    s.fail(
+                        format!(
+                            "no answer to request {seq} within {:?}",
+                            s.config.op_deadline()
+                        ),
+                        Some(WcError::RetryExceeded),
+                    );
+                    return;
+                }
+            }
+            Some((_, deadline)) => {
+                drop(s);
+                tokio::time::sleep_until(deadline).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! The software RNIC shared by the `tcp` and `inproc` backends: a device
+//! (registration table), queue pairs over ordered frame channels, and the
+//! authenticated connection setup. The backends only differ in how frames
+//! travel: a TCP stream, or an in-process link with injected faults.
+
+pub(crate) mod conn;
+pub(crate) mod nic;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::api::{AcceptPolicy, DeviceConfig};
+use crate::error::{Result, TransportError, WcError};
+use crate::handshake::{self, PeerInfo, Reveal};
+use crate::types::{Access, AtomicCapability, Backend, ConnConfig, Received};
+use conn::{SoftConn, SoftEndpoint, Wire};
+use nic::{Done, Request, SoftNic};
+
+/// How a software device moves frames.
+#[derive(Clone)]
+pub(crate) enum Flavor {
+    Tcp,
+    Inproc {
+        fabric: crate::inproc::Fabric,
+        node: String,
+    },
+}
+
+/// A software device.
+pub(crate) struct SoftDevice {
+    pub(crate) nic: Arc<SoftNic>,
+    pub(crate) config: DeviceConfig,
+    pub(crate) flavor: Flavor,
+    pub(crate) atomic: AtomicCapability,
+    pub(crate) live_connections: Arc<AtomicU32>,
+    pub(crate) rejected: Arc<AtomicU64>,
+}
+
+impl SoftDevice {
+    pub(crate) fn tcp(config: DeviceConfig) -> SoftDevice {
+        SoftDevice::new(config, Flavor::Tcp, AtomicCapability::Global)
+    }
+
+    pub(crate) fn new(
+        config: DeviceConfig,
+        flavor: Flavor,
+        atomic: AtomicCapability,
+    ) -> SoftDevice {
+        SoftDevice {
+            nic: Arc::new(SoftNic::new(config.limits.clone())),
+            config,
+            flavor,
+            atomic,
+            live_connections: Arc::new(AtomicU32::new(0)),
+            rejected: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    pub(crate) fn backend(&self) -> Backend {
+        match self.flavor {
+            Flavor::Tcp => Backend::Tcp,
+            Flavor::Inproc { .. } => Backend::Inproc,
+        }
+    }
+
+    pub(crate) fn atomic_capability(&self) -> AtomicCapability {
+        self.atomic
+    }
+
+    pub(crate) fn counters(&self) -> Vec<(String, u64)> {
+        vec![
+            (
+                "live_connections".into(),
+                self.live_connections.load(Ordering::Relaxed) as u64,
+            ),
+            (
+                "rejected_handshakes".into(),
+                self.rejected.load(Ordering::Relaxed),
+            ),
+        ]
+    }
+
+    pub(crate) fn register(&self, addr: *mut u8, len: usize, access: Access) -> Result<SoftRegion> {
+        let rkey = self.nic.register(addr as u64, len as u64, access)?;
+        Ok(SoftRegion {
+            nic: self.nic.clone(),
+            rkey,
+        })
+    }
+
+    pub(crate) async fn listen(
+        self: Arc<Self>,
+        addr: &str,
+        config: ConnConfig,
+        policy: AcceptPolicy,
+    ) -> Result<SoftListener> {
+        match self.flavor.clone() {
+            Flavor::Tcp => crate::tcp::listen(self, addr, config, policy).await,
+            Flavor::Inproc { fabric, .. } => fabric.listen(self, addr, config, policy),
+        }
+    }
+
+    pub(crate) async fn connect(
+        self: Arc<Self>,
+        addr: &str,
+        config: ConnConfig,
+        app_data: Vec<u8>,
+    ) -> Result<SoftConnection> {
+        match self.flavor.clone() {
+            Flavor::Tcp => crate::tcp::connect(self, addr, config, app_data).await,
+            Flavor::Inproc { fabric, .. } => fabric.connect(self, addr, config, app_data).await,
+        }
+    }
+
+    /// Reserves a connection slot, or fails at the device's limit.
+    pub(crate) fn reserve_connection(&self) -> Result<ConnSlot> {
+        let limit = self.config.limits.max_connections;
+        let mut current = self.live_connections.load(Ordering::Acquire);
+        loop {
+            if current >= limit {
+                return Err(TransportError::Limit {
+                    what: "connections per device",
+                    limit: limit as u64,
+                });
+            }
+            match self.live_connections.compare_exchange(
+                current,
+                current + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    return Ok(ConnSlot {
+                        count: self.live_connections.clone(),
+                    });
+                }
+                Err(now) => current = now,
+            }
+        }
+    }
+
+    /// Client side of the handshake over `stream`.
+    pub(crate) async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        stream: &mut S,
+        addr: &str,
+        config: &ConnConfig,
+        app_data: Vec<u8>,
+    ) -> Result<(PeerInfo, SoftEndpoint)> {
+        let peer = handshake::client(
+            stream,
+            addr,
+            &self.config.secret,
+            self.backend(),
+            self.config.node_id,
+            config.handshake_timeout,
+            || {
+                Ok(Reveal {
+                    endpoint: SoftEndpoint::of(config).encode(),
+                    app_data,
+                })
+            },
+        )
+        .await?;
+        let endpoint = SoftEndpoint::decode(&peer.reveal.endpoint, addr)?;
+        Ok((peer, endpoint))
+    }
+
+    /// Server side of the handshake over `stream`, with the policy's answer.
+    pub(crate) async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        stream: &mut S,
+        addr: &str,
+        config: &ConnConfig,
+        policy: &AcceptPolicy,
+    ) -> Result<(PeerInfo, SoftEndpoint, ConnSlot)> {
+        let accepted = handshake::server(
+            stream,
+            addr,
+            &self.config.secret,
+            self.backend(),
+            self.config.node_id,
+            config.handshake_timeout,
+        )
+        .await?;
+        let endpoint = match SoftEndpoint::decode(&accepted.peer.reveal.endpoint, addr) {
+            Ok(e) => e,
+            Err(e) => return Err(accepted.refuse(stream, addr, e.to_string()).await),
+        };
+        let slot = match self.reserve_connection() {
+            Ok(slot) => slot,
+            Err(e) => return Err(accepted.refuse(stream, addr, e.to_string()).await),
+        };
+        let app_data = match policy(&accepted.peer) {
+            Ok(data) => data,
+            Err(reason) => return Err(accepted.refuse(stream, addr, reason).await),
+        };
+        accepted
+            .answer(
+                stream,
+                addr,
+                Reveal {
+                    endpoint: SoftEndpoint::of(config).encode(),
+                    app_data,
+                },
+            )
+            .await?;
+        Ok((accepted.peer, endpoint, slot))
+    }
+
+    /// Starts a queue pair over an established wire.
+    pub(crate) fn start(
+        &self,
+        addr: String,
+        config: ConnConfig,
+        peer: PeerInfo,
+        endpoint: SoftEndpoint,
+        wire: Wire,
+        slot: ConnSlot,
+    ) -> SoftConnection {
+        let conn = SoftConn::start(self.nic.clone(), addr.clone(), config, endpoint, wire);
+        SoftConnection {
+            inner: Arc::new(ConnInner {
+                conn,
+                peer,
+                addr,
+                _slot: slot,
+            }),
+        }
+    }
+}
+
+/// A held connection slot; released when the connection is dropped.
+pub(crate) struct ConnSlot {
+    count: Arc<AtomicU32>,
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A software memory registration.
+pub(crate) struct SoftRegion {
+    nic: Arc<SoftNic>,
+    rkey: u32,
+}
+
+impl SoftRegion {
+    pub(crate) fn rkey(&self) -> u32 {
+        self.rkey
+    }
+
+    pub(crate) fn rotate(&mut self) -> Result<()> {
+        self.rkey = self.nic.rotate(self.rkey)?;
+        Ok(())
+    }
+}
+
+impl Drop for SoftRegion {
+    fn drop(&mut self) {
+        self.nic.deregister(self.rkey);
+    }
+}
+
+struct ConnInner {
+    conn: SoftConn,
+    peer: PeerInfo,
+    addr: String,
+    _slot: ConnSlot,
+}
+
+impl Drop for ConnInner {
+    fn drop(&mut self) {
+        self.conn.close("connection dropped");
+    }
+}
+
+/// A software connection as the API sees it.
+#[derive(Clone)]
+pub(crate) struct SoftConnection {
+    inner: Arc<ConnInner>,
+}
+
+impl SoftConnection {
+    pub(crate) fn peer_info(&self) -> &PeerInfo {
+        &self.inner.peer
+    }
+
+    pub(crate) fn peer_addr(&self) -> &str {
+        &self.inner.addr
+    }
+
+    pub(crate) fn config(&self) -> &ConnConfig {
+        self.inner.conn.config()
+    }
+
+    pub(crate) fn post(
+        &self,
+        request: Request,
+    ) -> Result<oneshot::Receiver<Result<Done, WcError>>> {
+        self.inner.conn.post(request)
+    }
+
+    pub(crate) fn post_recv(&self, count: u32) -> Result<()> {
+        self.inner.conn.post_recv(count)
+    }
+
+    pub(crate) async fn recv(&self) -> Result<Received> {
+        self.inner.conn.recv().await
+    }
+
+    pub(crate) fn set_remote_access(&self, access: Access) -> Result<()> {
+        self.inner.conn.set_remote_access(access)
+    }
+
+    pub(crate) fn error(&self) -> Option<String> {
+        self.inner.conn.broken()
+    }
+
+    pub(crate) fn close(&self, reason: &str) {
+        self.inner.conn.close(reason)
+    }
+}
+
+/// Authenticated connections, as the accept task produces them.
+pub(crate) struct SoftListener {
+    pub(crate) incoming: mpsc::Receiver<SoftConnection>,
+    pub(crate) local_addr: String,
+    pub(crate) rejected: Arc<AtomicU64>,
+    pub(crate) task: tokio::task::JoinHandle<()>,
+}
+
+impl SoftListener {
+    pub(crate) async fn accept(&mut self) -> Option<SoftConnection> {
+        self.incoming.recv().await
+    }
+
+    pub(crate) fn local_addr(&self) -> String {
+        self.local_addr.clone()
+    }
+
+    pub(crate) fn rejected(&self) -> u64 {
+        self.rejected.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for SoftListener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,356 @@
+//! The responder half of the software RNIC: the registration table and the
+//! execution of one-sided operations against registered memory.
+//!
+//! This is what a real RNIC does in hardware, and like one it runs none of
+//! the application's code: it checks the queue pair's access flags, the
+//! rkey, the bounds and the registration's access flags, in that order (as
+//! rxe does), then touches the memory. Atomics are CPU atomics on 8-byte
+//! aligned words, so they are atomic against the application's own atomics
+//! too (what verbs calls `IBV_ATOMIC_GLOB`).
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TransportError, WcError};
+use crate::types::{Access, DeviceLimits};
+
+/// A one-sided or two-sided request as it crosses the wire.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Request {
+    Write {
+        addr: u64,
+        rkey: u32,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        imm: Option<u32>,
+    },
+    Read {
+        addr: u64,
+        rkey: u32,
+        len: u32,
+    },
+    CompareSwap {
+        addr: u64,
+        rkey: u32,
+        expected: u64,
+        new: u64,
+    },
+    FetchAdd {
+        addr: u64,
+        rkey: u32,
+        add: u64,
+    },
+    Send {
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+}
+
+/// What a completed request returns.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Done {
+    Ok,
+    Data(#[serde(with = "serde_bytes")] Vec<u8>),
+    Word(u64),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Registration {
+    addr: u64,
+    len: u64,
+    access: Access,
+}
+
+#[derive(Default)]
+struct Table {
+    by_rkey: HashMap<u32, Registration>,
+    registered_bytes: u64,
+}
+
+/// The registration table and executor of one software device.
+pub(crate) struct SoftNic {
+    table: RwLock<Table>,
+    limits: DeviceLimits,
+}
+
+impl SoftNic {
+    pub(crate) fn new(limits: DeviceLimits) -> SoftNic {
+        SoftNic {
+            table: RwLock::new(Table::default()),
+            limits,
+        }
+    }
+
+    /// Registers `len` bytes at `addr` and returns the new rkey.
+    ///
+    /// The caller (`Device::register`, an unsafe fn) guarantees the memory
+    /// stays valid until [`SoftNic::deregister`].
+    pub(crate) fn register(&self, addr: u64, len: u64, access: Access) -> Result<u32> {
+        if len == 0 {
+            return Err(TransportError::Invalid("cannot register 0 bytes".into()));
+        }
+        if addr.checked_add(len).is_none() {
+            return Err(TransportError::Invalid(
+                "region wraps the address space".into(),
+            ));
+        }
+        let mut table = self.table.write().expect("registration table lock");
+        if table.by_rkey.len() as u32 >= self.limits.max_regions {
+            return Err(TransportError::Limit {
+                what: "registrations per device",
+                limit: self.limits.max_regions as u64,
+            });
+        }
+        if table.registered_bytes + len > self.limits.max_registered_bytes {
+            return Err(TransportError::Limit {
+                what: "registered bytes per device",
+                limit: self.limits.max_registered_bytes,
+            });
+        }
+        let rkey = fresh_key(&table.by_rkey);
+        table
+            .by_rkey
+            .insert(rkey, Registration { addr, len, access });
+        table.registered_bytes += len;
+        Ok(rkey)
+    }
+
+    /// Removes a registration. Waits for operations executing on it (they
+    /// hold the table's read lock).
+    pub(crate) fn deregister(&self, rkey: u32) {
+        let mut table = self.table.write().expect("registration table lock");
+        if let Some(r) = table.by_rkey.remove(&rkey) {
+            table.registered_bytes -= r.len;
+        }
+    }
+
+    /// Gives a registration a new rkey; the old one stops working at once.
+    pub(crate) fn rotate(&self, rkey: u32) -> Result<u32> {
+        let mut table = self.table.write().expect("registration table lock");
+        let registration = table
+            .by_rkey
+            .remove(&rkey)
+            .ok_or_else(|| TransportError::Invalid(format!("rkey {rkey:#x} is not registered")))?;
+        let new = fresh_key(&table.by_rkey);
+        debug_assert_ne!(new, rkey);
+        table.by_rkey.insert(new, registration);
+        Ok(new)
+    }
+
+    /// Executes a one-sided request arriving on a queue pair whose remote
+    /// access flags are `qp_access`. SEND is not one-sided: the connection
+    /// handles it.
+    pub(crate) fn execute(&self, request: &Request, qp_access: Access) -> Result<Done, WcError> {
+        let (addr, rkey, len, need) = match request {
+            Request::Write {
+                addr, rkey, data, ..
+            } => (*addr, *rkey, data.len() as u64, Access::REMOTE_WRITE),
+            Request::Read { addr, rkey, len } => (*addr, *rkey, *len as u64, Access::REMOTE_READ),
+            Request::CompareSwap { addr, rkey, .. } | Request::FetchAdd { addr, rkey, .. } => {
+                (*addr, *rkey, 8, Access::REMOTE_ATOMIC)
+            }
+            Request::Send { .. } => unreachable!("SEND goes to the receive queue"),
+        };
+        if !qp_access.contains(need) {
+            return Err(WcError::RemoteInvalidRequest);
+        }
+        if need == Access::REMOTE_ATOMIC && !addr.is_multiple_of(8) {
+            return Err(WcError::RemoteInvalidRequest);
+        }
+        let table = self.table.read().expect("registration table lock");
+        let region = table.by_rkey.get(&rkey).ok_or(WcError::RemoteAccess)?;
+        let end = addr.checked_add(len).ok_or(WcError::RemoteAccess)?;
+        if addr < region.addr || end > region.addr + region.len {
+            return Err(WcError::RemoteAccess);
+        }
+        if !region.access.contains(need) {
+            return Err(WcError::RemoteAccess);
+        }
+        let ptr = addr as usize as *mut u8;
+        // SAFETY (all arms): [addr, addr + len) lies inside a live
+        // registration (checked above, under the read lock that deregister
+        // waits for), whose owner promised at registration that the memory
+        // stays valid and may be written by the device. Atomics are 8-byte
+        // aligned (checked above).
+        Ok(match request {
+            Request::Write { data, .. } => {
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, data.len()) };
+                Done::Ok
+            }
+            Request::Read { len, .. } => {
+                let mut out = vec![0u8; *len as usize];
+                unsafe { std::ptr::copy_nonoverlapping(ptr, out.as_mut_ptr(), out.len()) };
+                Done::Data(out)
+            }
+            Request::CompareSwap { expected, new, .. } => {
+                let word = unsafe { AtomicU64::from_ptr(ptr as *mut u64) };
+                Done::Word(
+                    match word.compare_exchange(
+                        *expected,
+                        *new,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(v) | Err(v) => v,
+                    },
+                )
+            }
+            Request::FetchAdd { add, .. } => {
+                let word = unsafe { AtomicU64::from_ptr(ptr as *mut u64) };
+                Done::Word(word.fetch_add(*add, Ordering::AcqRel))
+            }
+            Request::Send { .. } => unreachable!(),
+        })
+    }
+}
+
+fn fresh_key(taken: &HashMap<u32, Registration>) -> u32 {
+    loop {
+        let key: u32 = rand::random();
+        if key != 0 && !taken.contains_key(&key) {
+            return key;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checks_come_in_rxe_order() {
+        let nic = SoftNic::new(DeviceLimits::default());
+        let mut mem = vec![0u64; 4];
+        let addr = mem.as_mut_ptr() as u64;
+        let rkey = nic
+            .register(addr, 32, Access::REMOTE_READ | Access::LOCAL_WRITE)
+            .unwrap();
+        let write = Request::Write {
+            addr,
+            rkey,
+            data: vec![1; 8],
+            imm: None,
+        };
+        // QP flags first: invalid request even with a bad rkey.
+        let bad_key = Request::Write {
+            addr,
+            rkey: rkey ^ 1,
+            data: vec![1],
+            imm: None,
+        };
+        assert_eq!(
+            nic.execute(&bad_key, Access::REMOTE_READ),
+            Err(WcError::RemoteInvalidRequest)
+        );
+        assert_eq!(
+            nic.execute(&bad_key, Access::ALL_REMOTE),
+            Err(WcError::RemoteAccess)
+        );
+        // Registration without REMOTE_WRITE.
+        assert_eq!(
+            nic.execute(&write, Access::ALL_REMOTE),
+            Err(WcError::RemoteAccess)
+        );
+        let read = Request::Read {
+            addr: addr + 24,
+            rkey,
+            len: 16,
+        };
+        assert_eq!(
+            nic.execute(&read, Access::ALL_REMOTE),
+            Err(WcError::RemoteAccess),
+            "out of bounds"
+        );
+        let read = Request::Read {
+            addr: addr + 24,
+            rkey,
+            len: 8,
+        };
+        assert_eq!(
+            nic.execute(&read, Access::ALL_REMOTE),
+            Ok(Done::Data(vec![0; 8]))
+        );
+        nic.deregister(rkey);
+        assert_eq!(
+            nic.execute(&read, Access::ALL_REMOTE),
+            Err(WcError::RemoteAccess)
+        );
+        drop(mem);
+    }
+
+    #[test]
+    fn atomics_and_rotation() {
+        let nic = SoftNic::new(DeviceLimits::default());
+        let mut mem = vec![5u64; 2];
+        let addr = mem.as_mut_ptr() as u64;
+        let rkey = nic
+            .register(addr, 16, Access::REMOTE_ATOMIC | Access::LOCAL_WRITE)
+            .unwrap();
+        let cas = |rkey, expected, new| Request::CompareSwap {
+            addr,
+            rkey,
+            expected,
+            new,
+        };
+        assert_eq!(
+            nic.execute(&cas(rkey, 5, 9), Access::ALL_REMOTE),
+            Ok(Done::Word(5))
+        );
+        assert_eq!(
+            nic.execute(&cas(rkey, 5, 7), Access::ALL_REMOTE),
+            Ok(Done::Word(9))
+        );
+        let fadd = Request::FetchAdd {
+            addr: addr + 8,
+            rkey,
+            add: 3,
+        };
+        assert_eq!(nic.execute(&fadd, Access::ALL_REMOTE), Ok(Done::Word(5)));
+        let unaligned = Request::FetchAdd {
+            addr: addr + 4,
+            rkey,
+            add: 1,
+        };
+        assert_eq!(
+            nic.execute(&unaligned, Access::ALL_REMOTE),
+            Err(WcError::RemoteInvalidRequest)
+        );
+        let new = nic.rotate(rkey).unwrap();
+        assert_ne!(new, rkey);
+        assert_eq!(
+            nic.execute(&cas(rkey, 9, 1), Access::ALL_REMOTE),
+            Err(WcError::RemoteAccess)
+        );
+        assert_eq!(
+            nic.execute(&cas(new, 9, 1), Access::ALL_REMOTE),
+            Ok(Done::Word(9))
+        );
+        assert_eq!(mem, vec![1, 8]);
+    }
+
+    #[test]
+    fn limits_are_enforced() {
+        let nic = SoftNic::new(DeviceLimits {
+            max_registered_bytes: 100,
+            max_regions: 2,
+            max_connections: 1,
+        });
+        let mut mem = vec![0u8; 200];
+        let addr = mem.as_mut_ptr() as u64;
+        assert!(matches!(
+            nic.register(addr, 101, Access::REMOTE_READ),
+            Err(TransportError::Limit { .. })
+        ));
+        nic.register(addr, 50, Access::REMOTE_READ).unwrap();
+        nic.register(addr, 50, Access::REMOTE_READ).unwrap();
+        assert!(matches!(
+            nic.register(addr, 1, Access::REMOTE_READ),
+            Err(TransportError::Limit { .. })
+        ));
+        assert!(nic.register(addr, 0, Access::REMOTE_READ).is_err());
+        drop(mem);
+    }
+}

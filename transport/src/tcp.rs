@@ -1,0 +1,236 @@
+//! The `tcp` backend: the software RNIC's frames over a TCP stream.
+//!
+//! After the handshake the stream carries length-prefixed frames (u32 LE
+//! length, then bincode of a frame, at most ~1 GiB). A reader task decodes
+//! frames into the queue pair; a writer task drains the queue pair's
+//! outgoing frames, batching them into one flush. A malformed frame, a
+//! frame above the limit, or a socket error moves the queue pair to the
+//! error state; it never takes the process down.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc};
+
+use crate::api::AcceptPolicy;
+use crate::error::{Result, TransportError};
+use crate::soft::conn::{Frame, MAX_FRAME_BYTES, WireOut, wire};
+use crate::soft::{ConnSlot, SoftConnection, SoftDevice, SoftListener};
+use crate::types::ConnConfig;
+
+/// Handshakes running at once on one listener; more wait.
+const MAX_CONCURRENT_HANDSHAKES: usize = 64;
+/// Authenticated connections waiting for `accept`.
+const ACCEPT_QUEUE: usize = 64;
+
+fn codec() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<MAX_FRAME_BYTES>()
+}
+
+pub(crate) async fn listen(
+    device: Arc<SoftDevice>,
+    addr: &str,
+    config: ConnConfig,
+    policy: AcceptPolicy,
+) -> Result<SoftListener> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(TransportError::io(format!("listen on {addr}")))?;
+    let local_addr = listener
+        .local_addr()
+        .map_err(TransportError::io("local address"))?
+        .to_string();
+    let (tx, incoming) = mpsc::channel(ACCEPT_QUEUE);
+    let rejected = device.rejected.clone();
+    let task = tokio::spawn(accept_loop(listener, device, config, policy, tx));
+    Ok(SoftListener {
+        incoming,
+        local_addr,
+        rejected,
+        task,
+    })
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    device: Arc<SoftDevice>,
+    config: ConnConfig,
+    policy: AcceptPolicy,
+    tx: mpsc::Sender<SoftConnection>,
+) {
+    let handshakes = Arc::new(Semaphore::new(MAX_CONCURRENT_HANDSHAKES));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(error) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = handshakes.clone().acquire_owned().await else {
+            return;
+        };
+        let (device, config, policy, tx) =
+            (device.clone(), config.clone(), policy.clone(), tx.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let peer = peer.to_string();
+            match accept_one(stream, &device, &peer, &config, &policy).await {
+                Ok(conn) => {
+                    let _ = tx.send(conn).await;
+                }
+                Err(error) => {
+                    device.rejected.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, %error, "connection attempt rejected");
+                }
+            }
+        });
+    }
+}
+
+async fn accept_one(
+    mut stream: TcpStream,
+    device: &SoftDevice,
+    peer: &str,
+    config: &ConnConfig,
+    policy: &AcceptPolicy,
+) -> Result<SoftConnection> {
+    stream
+        .set_nodelay(true)
+        .map_err(TransportError::io("TCP_NODELAY"))?;
+    let (info, endpoint, slot) = device
+        .server_handshake(&mut stream, peer, config, policy)
+        .await?;
+    Ok(start(
+        device,
+        stream,
+        peer.to_string(),
+        config.clone(),
+        info,
+        endpoint,
+        slot,
+    ))
+}
+
+pub(crate) async fn connect(
+    device: Arc<SoftDevice>,
+    addr: &str,
+    config: ConnConfig,
+    app_data: Vec<u8>,
+) -> Result<SoftConnection> {
+    let slot = device.reserve_connection()?;
+    let mut stream = tokio::time::timeout(config.handshake_timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| TransportError::Timeout {
+            what: format!("TCP connect to {addr}"),
+            after_ms: config.handshake_timeout.as_millis() as u64,
+        })?
+        .map_err(TransportError::io(format!("connect to {addr}")))?;
+    stream
+        .set_nodelay(true)
+        .map_err(TransportError::io("TCP_NODELAY"))?;
+    let (info, endpoint) = device
+        .client_handshake(&mut stream, addr, &config, app_data)
+        .await?;
+    Ok(start(
+        &device,
+        stream,
+        addr.to_string(),
+        config,
+        info,
+        endpoint,
+        slot,
+    ))
+}
+
+fn start(
+    device: &SoftDevice,
+    stream: TcpStream,
+    addr: String,
+    config: ConnConfig,
+    info: crate::handshake::PeerInfo,
+    endpoint: crate::soft::conn::SoftEndpoint,
+    slot: ConnSlot,
+) -> SoftConnection {
+    let (wire, out, incoming) = wire();
+    let (read_half, write_half) = stream.into_split();
+    tokio::spawn(read_frames(read_half, incoming, addr.clone()));
+    tokio::spawn(write_frames(write_half, out));
+    device.start(addr, config, info, endpoint, wire, slot)
+}
+
+async fn read_frames(
+    mut stream: tokio::net::tcp::OwnedReadHalf,
+    incoming: mpsc::UnboundedSender<Frame>,
+    peer: String,
+) {
+    let reason = loop {
+        let mut len = [0u8; 4];
+        if let Err(e) = stream.read_exact(&mut len).await {
+            break format!("read from {peer}: {e}");
+        }
+        let len = u32::from_le_bytes(len) as usize;
+        if len > MAX_FRAME_BYTES {
+            break format!("frame of {len} bytes from {peer} is above the limit");
+        }
+        let mut body = vec![0u8; len];
+        if let Err(e) = stream.read_exact(&mut body).await {
+            break format!("read from {peer}: {e}");
+        }
+        match bincode::serde::decode_from_slice::<Frame, _>(&body, codec()) {
+            Ok((frame, used)) if used == len => {
+                if incoming.send(frame).is_err() {
+                    return;
+                }
+            }
+            Ok(_) => break format!("trailing bytes in a frame from {peer}"),
+            Err(e) => break format!("malformed frame from {peer}: {e}"),
+        }
+    };
+    let _ = incoming.send(Frame::Close { reason });
+}
+
+async fn write_frames(stream: tokio::net::tcp::OwnedWriteHalf, mut out: WireOut) {
+    let mut stream = BufWriter::with_capacity(64 << 10, stream);
+    let mut closing = false;
+    while !closing {
+        // Answers first: a Close queued after an answer must not overtake it.
+        let frame = tokio::select! {
+            biased;
+            f = out.responses.recv() => f,
+            f = out.requests.recv() => f,
+        };
+        let Some(mut frame) = frame else { break };
+        loop {
+            closing |= matches!(frame, Frame::Close { .. });
+            let body = match bincode::serde::encode_to_vec(&frame, codec()) {
+                Ok(b) => b,
+                Err(error) => {
+                    tracing::error!(%error, "frame does not encode");
+                    return;
+                }
+            };
+            let len = (body.len() as u32).to_le_bytes();
+            if stream.write_all(&len).await.is_err() || stream.write_all(&body).await.is_err() {
+                return;
+            }
+            // Batch whatever is already queued into the same flush.
+            match out
+                .responses
+                .try_recv()
+                .or_else(|_| out.requests.try_recv())
+            {
+                Ok(next) if !closing => frame = next,
+                _ => break,
+            }
+        }
+        if stream.flush().await.is_err() {
+            return;
+        }
+    }
+    let _ = stream.shutdown().await;
+}

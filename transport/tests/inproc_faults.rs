@@ -1,0 +1,220 @@
+//! Fault injection of the in-process fabric: delay, partitions (both ways
+//! and one way), pauses, dropped connections, failed queue pairs, and
+//! determinism by seed. Time is paused: tokio advances it when every task
+//! waits, so these tests take milliseconds of real time.
+
+use std::time::Duration;
+
+use ringraft_transport::conformance::suite_secret;
+use ringraft_transport::inproc::Fabric;
+use ringraft_transport::{
+    Access, Buffer, ConnConfig, Connection, Device, DeviceConfig, DeviceLimits, TransportError,
+    WcError, reveal_to_all,
+};
+use tokio::time::Instant;
+
+fn device(fabric: &Fabric, node: &str, id: u64) -> Device {
+    fabric.device(
+        node,
+        DeviceConfig {
+            node_id: id,
+            secret: suite_secret(),
+            limits: DeviceLimits::default(),
+        },
+    )
+}
+
+fn config() -> ConnConfig {
+    ConnConfig {
+        retry_count: 3,
+        ack_timeout_exp: 14, // ≈ 67 ms per try: a 268 ms window
+        ..ConnConfig::default()
+    }
+}
+
+const RW: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ)
+    .union(Access::REMOTE_ATOMIC);
+
+/// a connects to b; returns (a's connection, b's connection, b's buffer).
+async fn pair(fabric: &Fabric) -> (Device, Device, Connection, Connection, Buffer) {
+    let a = device(fabric, "a", 1);
+    let b = device(fabric, "b", 2);
+    let mut listener = b
+        .listen("b:0", config(), reveal_to_all(vec![]))
+        .await
+        .unwrap();
+    let ab = a.connect("b:0", config(), vec![]).await.unwrap();
+    let ba = listener.accept().await.unwrap();
+    let buffer = b.register_buffer(4096, RW).unwrap();
+    (a, b, ab, ba, buffer)
+}
+
+#[tokio::test(start_paused = true)]
+async fn delay_slows_but_keeps_order() {
+    let fabric = Fabric::new(1);
+    let (_a, _b, ab, ba, buf) = pair(&fabric).await;
+    fabric.set_delay(Duration::from_millis(5), Duration::from_millis(20));
+    let start = Instant::now();
+    let w = ab.post_write(buf.remote().start(), b"first").unwrap();
+    let s = ab.post_send(b"after").unwrap();
+    w.await.unwrap();
+    s.await.unwrap();
+    let rtt = start.elapsed();
+    assert!(
+        rtt >= Duration::from_millis(10),
+        "two one-way delays at least: {rtt:?}"
+    );
+    let got = ba.recv().await.unwrap();
+    assert_eq!(
+        got,
+        ringraft_transport::Received::Message(b"after".to_vec())
+    );
+    assert_eq!(buf.read(0, 5).unwrap(), b"first");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_short_partition_heals_and_a_long_one_exceeds_retries() {
+    let fabric = Fabric::new(2);
+    let (_a, _b, ab, _ba, buf) = pair(&fabric).await;
+    let window = config().op_deadline();
+
+    fabric.partition(&["a"], &["b"]);
+    let pending = ab.post_write(buf.remote().start(), b"held").unwrap();
+    tokio::time::sleep(window / 4).await;
+    fabric.heal();
+    pending
+        .await
+        .expect("a write held across a short cut completes");
+    assert_eq!(buf.read(0, 4).unwrap(), b"held");
+
+    fabric.partition(&["a"], &["b"]);
+    let start = Instant::now();
+    let err = ab.write(buf.remote().start(), b"lost").await.unwrap_err();
+    assert_eq!(err.wc(), Some(WcError::RetryExceeded), "{err}");
+    assert!(
+        start.elapsed() >= window,
+        "failed before the retry window: {:?}",
+        start.elapsed()
+    );
+    assert!(ab.error().is_some(), "the queue pair is in the error state");
+    assert!(matches!(
+        ab.post_write(buf.remote().start(), b"x"),
+        Err(TransportError::Broken { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_way_cut_loses_the_answers() {
+    let fabric = Fabric::new(3);
+    let (_a, _b, ab, _ba, buf) = pair(&fabric).await;
+    fabric.cut_one_way("b", "a");
+    // The WRITE lands (a -> b is open) but its acknowledgement never comes.
+    let err = ab.write(buf.remote().start(), b"landed").await.unwrap_err();
+    assert_eq!(err.wc(), Some(WcError::RetryExceeded));
+    assert_eq!(buf.read(0, 6).unwrap(), b"landed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_paused_node_keeps_its_writes_in_flight_until_it_resumes() {
+    let fabric = Fabric::new(4);
+    let (_a, _b, ab, _ba, buf) = pair(&fabric).await;
+    fabric.pause("a");
+    let pending = ab.post_write(buf.remote().start(), b"stale").unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        buf.read(0, 5).unwrap(),
+        [0; 5],
+        "nothing leaves a paused node"
+    );
+    // b revokes the rkey while a is frozen (what a follower does when its
+    // term advances); the in-flight write then fails at the "NIC".
+    let mut buf = buf;
+    buf.region_mut().rotate().unwrap();
+    fabric.resume("a");
+    let err = pending.await.unwrap_err();
+    assert_eq!(err.wc(), Some(WcError::RemoteAccess), "{err}");
+    assert_eq!(
+        buf.read(0, 5).unwrap(),
+        [0; 5],
+        "the stale write did not land"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_connections_fail_both_sides_at_once() {
+    let fabric = Fabric::new(5);
+    let (_a, _b, ab, ba, buf) = pair(&fabric).await;
+    assert_eq!(fabric.drop_connections("a", "b"), 1);
+    tokio::task::yield_now().await;
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(ab.error().is_some() && ba.error().is_some());
+    assert!(ab.post_write(buf.remote().start(), b"x").is_err());
+    assert!(ba.recv().await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_queue_pair_is_noticed_by_the_peer_only_by_timeout() {
+    let fabric = Fabric::new(6);
+    let (_a, b, ab, ba, _buf) = pair(&fabric).await;
+    let a_buf = _a.register_buffer(64, RW).unwrap();
+    assert_eq!(fabric.fail_qp("a", "b"), 1);
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(ab.error().is_some(), "a's side failed");
+    assert!(ba.error().is_none(), "b has not heard of it");
+    let err = ba.write(a_buf.remote().start(), b"x").await.unwrap_err();
+    assert_eq!(err.wc(), Some(WcError::RetryExceeded));
+    drop(b);
+}
+
+/// The same seed gives the same delays: the order in which messages from
+/// two senders interleave at a receiver is a function of the seed.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn runs_are_a_function_of_the_seed() {
+    async fn interleaving(seed: u64) -> Vec<u8> {
+        let fabric = Fabric::new(seed);
+        fabric.set_delay(Duration::from_micros(10), Duration::from_millis(10));
+        let hub = device(&fabric, "hub", 1);
+        let mut listener = hub
+            .listen("hub:0", config(), reveal_to_all(vec![]))
+            .await
+            .unwrap();
+        let inbox = hub.register_buffer(64, RW).unwrap();
+        let mut senders = Vec::new();
+        for (k, node) in ["x", "y"].iter().enumerate() {
+            let d = device(&fabric, node, 10 + k as u64);
+            let c = d.connect("hub:0", config(), vec![]).await.unwrap();
+            let _server_side = listener.accept().await.unwrap();
+            senders.push((d, c, _server_side, k as u64));
+        }
+        let mut order = Vec::new();
+        let mut posted = Vec::new();
+        for round in 0..16u64 {
+            for (_, c, _, k) in &senders {
+                posted.push(
+                    c.post_fetch_add(inbox.remote().start(), 1 << (k * 32))
+                        .unwrap(),
+                );
+                let _ = round;
+            }
+        }
+        for p in posted {
+            let before = p.await.unwrap();
+            order.push((before & 0xff) as u8);
+            order.push((before >> 32 & 0xff) as u8);
+        }
+        order
+    }
+    let one = interleaving(42).await;
+    assert_eq!(one, interleaving(42).await, "same seed, same run");
+    let mut differs = false;
+    for seed in [7, 8, 9, 10] {
+        differs |= interleaving(seed).await != one;
+    }
+    assert!(differs, "other seeds give other interleavings");
+}

@@ -1,0 +1,239 @@
+//! The tcp backend against hostile bytes: garbage on the listening port,
+//! half-open handshakes, oversized frames. None of it takes the listener
+//! down; members keep connecting.
+
+use std::time::Duration;
+
+use ringraft_transport::conformance::{suite_config, suite_secret};
+use ringraft_transport::{
+    Access, Backend, ConnConfig, Device, DeviceConfig, DeviceLimits, Listener, handshake,
+    reveal_to_all,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn device(id: u64, limits: DeviceLimits) -> Device {
+    Device::tcp(DeviceConfig {
+        node_id: id,
+        secret: suite_secret(),
+        limits,
+    })
+}
+
+async fn member_still_connects(listener: &mut Listener, addr: &str) {
+    let a = device(1, DeviceLimits::default());
+    let conn = a
+        .connect(addr, suite_config(), vec![])
+        .await
+        .expect("a member connects");
+    let server = tokio::time::timeout(Duration::from_secs(5), listener.accept())
+        .await
+        .expect("accepted in time")
+        .expect("listener alive");
+    assert_eq!(conn.peer().reveal.app_data, b"secret rkeys");
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_on_the_port_never_takes_the_listener_down() {
+    let b = device(2, DeviceLimits::default());
+    let config = ConnConfig {
+        handshake_timeout: Duration::from_millis(500),
+        ..suite_config()
+    };
+    let mut listener = b
+        .listen(
+            "127.0.0.1:0",
+            config,
+            reveal_to_all(b"secret rkeys".to_vec()),
+        )
+        .await
+        .unwrap();
+    let addr = listener.local_addr();
+    let attacks: Vec<Vec<u8>> = vec![
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        vec![0xff; 4096],
+        u32::MAX.to_le_bytes().to_vec(),
+        [&16u32.to_le_bytes()[..], &[0u8; 16]].concat(),
+        vec![],
+    ];
+    for bytes in &attacks {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        let _ = s.write_all(bytes).await;
+        let mut reply = Vec::new();
+        // Whatever comes back holds no rkey.
+        let _ = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut reply)).await;
+        assert!(
+            !reply.windows(12).any(|w| w == b"secret rkeys"),
+            "garbage was answered with application data"
+        );
+    }
+    // A client that opens and says nothing, held open past the timeout.
+    let silent = TcpStream::connect(&addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    drop(silent);
+    member_still_connects(&mut listener, &addr).await;
+    assert!(
+        listener.rejected() >= attacks.len() as u64,
+        "rejections counted: {}",
+        listener.rejected()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_frame_after_the_handshake_breaks_only_that_connection() {
+    let b = device(2, DeviceLimits::default());
+    let mut listener = b
+        .listen(
+            "127.0.0.1:0",
+            suite_config(),
+            reveal_to_all(b"secret rkeys".to_vec()),
+        )
+        .await
+        .unwrap();
+    let addr = listener.local_addr();
+    // A member authenticates by hand on a raw socket...
+    let mut raw = TcpStream::connect(&addr).await.unwrap();
+    let endpoint = vec![3u8, 10]; // bincode of the soft endpoint {rnr_retry 3, delay 10 us}
+    let info = handshake::client(
+        &mut raw,
+        &addr,
+        &suite_secret(),
+        Backend::Tcp,
+        7,
+        Duration::from_secs(5),
+        || {
+            Ok(handshake::Reveal {
+                endpoint,
+                app_data: vec![],
+            })
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(info.reveal.app_data, b"secret rkeys");
+    let server_side = listener.accept().await.unwrap();
+    // ...then sends bytes that are no frame.
+    raw.write_all(&8u32.to_le_bytes()).await.unwrap();
+    raw.write_all(&[0xff; 8]).await.unwrap();
+    let mut broke = false;
+    for _ in 0..100 {
+        if server_side.error().is_some() {
+            broke = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        broke,
+        "a malformed frame puts that connection in the error state"
+    );
+    member_still_connects(&mut listener, &addr).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_send_is_refused_as_the_verbs_do() {
+    let b = device(2, DeviceLimits::default());
+    let small = ConnConfig {
+        max_message_bytes: 1024,
+        ..suite_config()
+    };
+    let mut listener = b
+        .listen(
+            "127.0.0.1:0",
+            small,
+            reveal_to_all(b"secret rkeys".to_vec()),
+        )
+        .await
+        .unwrap();
+    let addr = listener.local_addr();
+    let a = device(1, DeviceLimits::default());
+    let big = ConnConfig {
+        max_message_bytes: 1 << 20,
+        ..suite_config()
+    };
+    let conn = a.connect(&addr, big, vec![]).await.unwrap();
+    let _server = listener.accept().await.unwrap();
+    let err = conn.send(&vec![0u8; 4096]).await.unwrap_err();
+    assert_eq!(
+        err.wc(),
+        Some(ringraft_transport::WcError::RemoteInvalidRequest),
+        "{err}"
+    );
+    member_still_connects(&mut listener, &addr).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_on_connections_and_registrations() {
+    let limits = DeviceLimits {
+        max_registered_bytes: 1 << 20,
+        max_regions: 4,
+        max_connections: 1,
+    };
+    let b = device(2, limits.clone());
+    let mut listener = b
+        .listen("127.0.0.1:0", suite_config(), reveal_to_all(vec![]))
+        .await
+        .unwrap();
+    let addr = listener.local_addr();
+    let a = device(1, DeviceLimits::default());
+    let first = a.connect(&addr, suite_config(), vec![]).await.unwrap();
+    let _first_server = listener.accept().await.unwrap();
+    let second = a.connect(&addr, suite_config(), vec![]).await;
+    assert!(
+        second.is_err(),
+        "the second connection is refused at the limit"
+    );
+    drop(first);
+    assert!(b.register_buffer(2 << 20, Access::REMOTE_READ).is_err());
+    let _held: Vec<_> = (0..4)
+        .map(|_| b.register_buffer(64, Access::REMOTE_READ).unwrap())
+        .collect();
+    assert!(b.register_buffer(64, Access::REMOTE_READ).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posts_beyond_the_outstanding_limit_are_refused() {
+    let b = device(2, DeviceLimits::default());
+    let mut listener = b
+        .listen("127.0.0.1:0", suite_config(), reveal_to_all(vec![]))
+        .await
+        .unwrap();
+    let a = device(1, DeviceLimits::default());
+    let tight = ConnConfig {
+        max_outstanding: 4,
+        ..suite_config()
+    };
+    let conn = a
+        .connect(&listener.local_addr(), tight, vec![])
+        .await
+        .unwrap();
+    let _server = listener.accept().await.unwrap();
+    let buf = b
+        .register_buffer(1 << 20, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
+        .unwrap();
+    let data = vec![1u8; 256 << 10];
+    let mut posted = Vec::new();
+    let mut refused = 0;
+    for _ in 0..16 {
+        match conn.post_write(buf.remote().start(), &data) {
+            Ok(p) => posted.push(p),
+            Err(ringraft_transport::TransportError::Limit { .. }) => refused += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(
+        posted.len() <= 4 && refused >= 12,
+        "{} posted, {refused} refused",
+        posted.len()
+    );
+    for p in posted {
+        p.await.unwrap();
+    }
+    assert!(
+        conn.post_write(buf.remote().start(), &data).is_ok(),
+        "room again once completed"
+    );
+    let too_big = vec![0u8; (suite_config().max_transfer_bytes as usize) + 1];
+    assert!(conn.post_write(buf.remote().start(), &too_big).is_err());
+}
