@@ -205,7 +205,10 @@ pub fn check(dir: &Path) -> Result<CheckReport> {
         commit_hint: decode_index_word(le_u64(&control[COMMIT_OFFSET..])),
         acked,
         start_lsn,
-        first_index: anchor.map_or(0, |a| a.index + 1),
+        first_index: report
+            .entries
+            .first()
+            .map_or(anchor.map_or(0, |a| a.index + 1), |e| e.index),
         last: report.last_log(anchor),
         entries: report.entries.len() as u64,
         end_lsn: report.end_lsn,

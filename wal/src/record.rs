@@ -312,13 +312,13 @@ impl RecordEncoder {
 
     /// Checks `entry` against the chain without encoding it.
     pub fn check(&self, entry: &EntryRef<'_>) -> Result<(), EncodeError> {
-        if entry.index != self.tip.next_index {
+        if entry.index != self.tip.next_index && !self.tip.unanchored {
             return Err(EncodeError::IndexGap {
                 expected: self.tip.next_index,
                 found: entry.index,
             });
         }
-        if entry.term < self.tip.last_term {
+        if entry.term < self.tip.last_term && !self.tip.unanchored {
             return Err(EncodeError::TermRegression {
                 index: entry.index,
                 term: entry.term,
@@ -361,6 +361,7 @@ impl RecordEncoder {
                 next_index: entry.index + 1,
                 last_term: entry.term,
                 epoch: self.epoch,
+                unanchored: false,
             };
         }
         Ok(())
@@ -381,7 +382,11 @@ impl RecordEncoder {
                 payload_len: 0,
                 lsn: wrap_lsn,
                 term: self.tip.last_term,
-                index: self.tip.next_index,
+                index: if self.tip.unanchored {
+                    entry.index
+                } else {
+                    self.tip.next_index
+                },
                 prev_term: self.tip.last_term,
                 epoch: self.epoch,
                 crc: 0,
@@ -404,6 +409,7 @@ impl RecordEncoder {
             next_index: entry.index + 1,
             last_term: entry.term,
             epoch: self.epoch,
+            unanchored: false,
         };
         Ok(Placed {
             index: entry.index,
@@ -611,6 +617,7 @@ mod tests {
             next_index: 10,
             last_term: 3,
             epoch: Epoch::ZERO,
+            unanchored: false,
         };
         let mut enc = RecordEncoder::new(cap, cap - 192, tip, epoch);
         let mut sink = Collect(Vec::new());
@@ -670,7 +677,8 @@ mod tests {
             ChainTip {
                 next_index: 12,
                 last_term: 4,
-                epoch
+                epoch,
+                unanchored: false,
             }
         );
         assert_eq!(enc.next_lsn(), cap + 192);
@@ -706,6 +714,7 @@ mod tests {
             next_index: 10,
             last_term: 3,
             epoch: Epoch::new(3, 1).unwrap(),
+            unanchored: false,
         };
         let enc = RecordEncoder::new(1 << 20, 0, tip, epoch);
         assert_eq!(
@@ -767,6 +776,7 @@ mod tests {
             next_index: 0,
             last_term: 0,
             epoch: Epoch::ZERO,
+            unanchored: false,
         };
         let mut enc = RecordEncoder::new(cap, cap - 192, tip, epoch);
         let mut buf = WriteBuffer::new(cap, cap - 192);

@@ -233,6 +233,7 @@ fn well_formed_beyond(
                 next_index: crate::layout::le_u64(&header[32..]),
                 last_term: crate::layout::le_u64(&header[40..]),
                 epoch: tip.epoch,
+                unanchored: false,
             };
             if let Ok(valid) = validate_payload(
                 header,

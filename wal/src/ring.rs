@@ -348,6 +348,9 @@ impl Ring {
         let area =
             unsafe { std::slice::from_raw_parts(ring.data_ptr(), geometry.capacity as usize) };
         let report = scan(area, input);
+        if let (None, Some(first)) = (ring.anchor, report.entries.first()) {
+            ring.first_index = first.index;
+        }
         ring.slots = report
             .entries
             .iter()
@@ -556,6 +559,11 @@ impl Ring {
             data: self.data_ptr(),
             capacity: self.geometry.capacity,
         };
+        if self.slots.is_empty()
+            && let Some(first) = entries.first()
+        {
+            self.first_index = first.index;
+        }
         for entry in entries {
             let placed = encoder.push(&mut sink, entry).expect("batch checked above");
             self.slots.push_back(Slot {
@@ -605,6 +613,7 @@ impl Ring {
         let mut tip = self.tip;
         let mut lsn = request.from_lsn;
         let mut adopted = Vec::new();
+        let mut first_adopted_index = None;
         while lsn < request.to_lsn {
             let valid = self
                 .validate_in_place(lsn, tip, check)
@@ -617,6 +626,7 @@ impl Ring {
                 .into());
             }
             if valid.header.kind == RecordKind::Entry {
+                first_adopted_index.get_or_insert(valid.header.index);
                 adopted.push(Slot {
                     lsn,
                     term: valid.header.term,
@@ -637,6 +647,11 @@ impl Ring {
                 found_last,
             }
             .into());
+        }
+        if self.slots.is_empty()
+            && let Some(first_index) = first_adopted_index
+        {
+            self.first_index = first_index;
         }
         // A trailing wrap marker moves the tail to the next lap.
         let end_lsn = lsn;
@@ -672,17 +687,17 @@ impl Ring {
     /// erases their records so that recovery cannot bring them back.
     pub fn truncate_after(&mut self, last_kept: Option<u64>) -> Result<()> {
         let keep_next = last_kept.map_or(0, |i| i + 1);
-        if keep_next >= self.tip.next_index {
+        if keep_next >= self.tip.next_index || self.slots.is_empty() {
             return Ok(());
         }
-        if keep_next < self.first_index {
+        if keep_next < self.first_index && self.anchor.is_some() {
             return Err(WalError::Conflict(format!(
                 "cannot truncate after {last_kept:?}: entries up to {} are purged",
                 self.first_index.saturating_sub(1)
             )));
         }
-        let (new_tail, new_tip) = if keep_next == self.first_index {
-            (self.head_lsn, ChainTip::after(self.anchor))
+        let (new_tail, new_tip, keep) = if keep_next <= self.first_index {
+            (self.head_lsn, ChainTip::after(self.anchor), 0)
         } else {
             let index = keep_next - 1;
             let slot = self.slot(index).expect("index checked above");
@@ -693,11 +708,16 @@ impl Ring {
                     next_index: keep_next,
                     last_term: slot.term,
                     epoch: header.epoch,
+                    unanchored: false,
                 },
+                keep_next - self.first_index,
             )
         };
         self.zero_range(new_tail, self.tail_lsn);
-        self.slots.truncate((keep_next - self.first_index) as usize);
+        self.slots.truncate(keep as usize);
+        if self.slots.is_empty() {
+            self.first_index = self.anchor.map_or(0, |a| a.index + 1);
+        }
         self.tail_lsn = new_tail;
         self.tip = new_tip;
         let acked = self.word(ACKED_OFFSET);
@@ -783,6 +803,7 @@ impl Ring {
             next_index: index,
             last_term: crate::layout::le_u64(&header_bytes[40..]),
             epoch: Epoch::ZERO,
+            unanchored: false,
         };
         let any_fence = Check::Recovery {
             fence: Epoch(u64::MAX),

@@ -34,6 +34,10 @@ pub struct ChainTip {
     /// The epoch of the previous record ([`Epoch::ZERO`] at the start of a
     /// scan).
     pub epoch: Epoch,
+    /// The log is empty and was never purged: the next entry may carry any
+    /// index (and any `prev_term`); it becomes the log's first. openraft's
+    /// storage contract lets a log begin at any index.
+    pub unanchored: bool,
 }
 
 impl ChainTip {
@@ -45,8 +49,12 @@ impl ChainTip {
                 next_index: pos.index + 1,
                 last_term: pos.term,
                 epoch: Epoch::ZERO,
+                unanchored: false,
             },
-            None => ChainTip::default(),
+            None => ChainTip {
+                unanchored: true,
+                ..ChainTip::default()
+            },
         }
     }
 
@@ -57,6 +65,7 @@ impl ChainTip {
                 next_index: header.index + 1,
                 last_term: header.term,
                 epoch: header.epoch,
+                unanchored: false,
             },
             RecordKind::Wrap => ChainTip {
                 epoch: header.epoch,
@@ -389,6 +398,11 @@ fn check_epoch(header: &RecordHeader, tip: ChainTip, check: Check) -> Result<(),
 }
 
 fn check_chain(header: &RecordHeader, tip: ChainTip) -> Result<(), Invalid> {
+    if tip.unanchored {
+        // The first record of a log that was never purged: any index and
+        // prev_term; a wrap marker keeps the log unanchored.
+        return Ok(());
+    }
     if header.index != tip.next_index {
         return Err(Invalid::IndexGap {
             expected: tip.next_index,
@@ -490,6 +504,7 @@ mod tests {
             next_index: index + 1,
             last_term: term,
             epoch: e,
+            unanchored: false,
         }
     }
 
@@ -685,6 +700,7 @@ mod tests {
             next_index: 5,
             last_term: 2,
             epoch: Epoch::ZERO,
+            unanchored: false,
         };
         let err =
             validate_at(&area.0, 0, GEO, tip, Check::Recovery { fence: epoch(3, 1) }).unwrap_err();
@@ -800,6 +816,51 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, Invalid::BadLength { limit: 0, .. }));
+    }
+
+    #[test]
+    fn an_unanchored_log_takes_any_first_index_then_is_strict() {
+        let e = epoch(1, 1);
+        let mut area = Area(vec![0; CAP as usize]);
+        let mut enc = RecordEncoder::new(CAP, 0, ChainTip::after(None), e);
+        enc.push(
+            &mut area,
+            &EntryRef {
+                term: 1,
+                index: 40,
+                payload: b"x",
+            },
+        )
+        .unwrap();
+        enc.push(
+            &mut area,
+            &EntryRef {
+                term: 1,
+                index: 41,
+                payload: b"y",
+            },
+        )
+        .unwrap();
+        let check = Check::Recovery { fence: e };
+        let first = validate_at(&area.0, 0, GEO, ChainTip::after(None), check).unwrap();
+        assert_eq!(first.header.index, 40);
+        assert!(!first.tip.unanchored);
+        assert!(validate_at(&area.0, 128, GEO, first.tip, check).is_ok());
+        // The same first record checked against an anchored chain fails.
+        assert_eq!(
+            validate_at(
+                &area.0,
+                0,
+                GEO,
+                ChainTip::after(Some(LogPos { term: 1, index: 9 })),
+                check
+            )
+            .unwrap_err(),
+            Invalid::IndexGap {
+                expected: 10,
+                found: 40
+            }
+        );
     }
 
     #[test]

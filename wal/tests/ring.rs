@@ -425,6 +425,7 @@ fn adoption_rejects_torn_and_chain_breaking_records() {
         next_index: 3,
         last_term: 1,
         epoch: e,
+        unanchored: false,
     };
     let buf = remote_write(wal.ring(), tail, bad_tip, e, &[(3, 2, b"x".to_vec())]);
     let req = AdoptRequest {
@@ -852,4 +853,72 @@ fn commit_hint_round_trips() {
     wal.ring().set_commit_hint(Some(41));
     drop(wal);
     assert_eq!(open(dir.path()).ring().commit_hint(), Some(41));
+}
+
+#[test]
+fn a_log_never_purged_may_start_at_any_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = epoch(2, 1);
+    {
+        let mut wal = open(dir.path());
+        take_fence(wal.ring(), e);
+        assert!(wal.ring().tip().unanchored);
+        let ring = wal.ring_mut();
+        ring.append(
+            e,
+            &[EntryRef {
+                term: 2,
+                index: 5,
+                payload: b"five",
+            }],
+        )
+        .unwrap();
+        assert_eq!(ring.first_index(), 5);
+        assert!(!ring.tip().unanchored);
+        // Once anchored by its first entry, the chain is strict again.
+        assert!(
+            ring.append(
+                e,
+                &[EntryRef {
+                    term: 2,
+                    index: 7,
+                    payload: b"x"
+                }]
+            )
+            .is_err()
+        );
+        ring.append(
+            e,
+            &[EntryRef {
+                term: 2,
+                index: 6,
+                payload: b"six",
+            }],
+        )
+        .unwrap();
+        ring.sync().unwrap();
+    }
+    let mut wal = open(dir.path());
+    assert_eq!(wal.ring().first_index(), 5);
+    assert_eq!(wal.ring().last_log(), last(2, 6));
+    assert_eq!(wal.ring().read(5).unwrap().payload, b"five");
+    assert!(matches!(wal.ring().read(4), Err(WalError::NotInLog { .. })));
+    // Truncating everything makes it unanchored again.
+    wal.ring_mut().truncate_after(Some(2)).unwrap();
+    assert_eq!(wal.ring().next_index(), 0);
+    assert!(wal.ring().tip().unanchored);
+    wal.ring_mut()
+        .append(
+            e,
+            &[EntryRef {
+                term: 2,
+                index: 9,
+                payload: b"nine",
+            }],
+        )
+        .unwrap();
+    drop(wal);
+    let wal = open(dir.path());
+    assert_eq!(wal.ring().first_index(), 9);
+    assert_eq!(check(dir.path()).unwrap().first_index, 9);
 }
