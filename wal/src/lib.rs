@@ -63,6 +63,8 @@ pub use layout::{Epoch, RingHeader};
 pub use meta::{Meta, PurgePoint, VoteRecord};
 pub use record::{EntryRef, RecordEncoder, RecordKind, WriteBuffer};
 pub use recovery::{Damage, Evidence, ScanReport, Stop};
-pub use ring::{AdoptRequest, Extended, RawRegion, RecordView, Ring, RingConfig, RingRegions};
+pub use ring::{
+    AdoptRequest, Extended, PreparedAdoption, RawRegion, RecordView, Ring, RingConfig, RingRegions,
+};
 pub use store::{Recovery, Wal};
 pub use validate::{ChainTip, Check, Geometry, Invalid, LogPos};

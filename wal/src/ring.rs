@@ -158,6 +158,50 @@ pub struct RecordView<'a> {
     pub payload: &'a [u8],
 }
 
+/// One record of a [`PreparedAdoption`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PreparedRecord {
+    lsn: u64,
+    index: u64,
+    term: u64,
+    payload_len: u32,
+    epoch: Epoch,
+}
+
+/// Records a remote writer put into the ring, checked in place and not yet
+/// part of the log (see [`Ring::prepare_adoption`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreparedAdoption {
+    request: AdoptRequest,
+    fence: Epoch,
+    base_tip: ChainTip,
+    tip: ChainTip,
+    end_lsn: u64,
+    records: Vec<PreparedRecord>,
+}
+
+impl PreparedAdoption {
+    /// What the control message said.
+    pub fn request(&self) -> AdoptRequest {
+        self.request
+    }
+
+    /// How many entries.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether there are no entries (a heartbeat).
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// The fence they were checked against.
+    pub fn fence(&self) -> Epoch {
+        self.fence
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Slot {
     lsn: u64,
@@ -590,7 +634,16 @@ impl Ring {
     /// `request.from_lsn..request.to_lsn`: each must pass the validator in
     /// its adoption context (epoch equal to the current fence) and together
     /// they must be the entries the control message names. All or nothing.
+    /// The same as [`Ring::prepare_adoption`] then [`Ring::commit_adoption`].
     pub fn adopt(&mut self, request: AdoptRequest) -> Result<Extended> {
+        let prepared = self.prepare_adoption(request)?;
+        self.commit_adoption(prepared)
+    }
+
+    /// Checks the records of `request` in place without taking them into the
+    /// log, so that they can be read ([`Ring::prepared_records`]) and handed
+    /// to the consensus layer, which decides whether they enter the log.
+    pub fn prepare_adoption(&self, request: AdoptRequest) -> Result<PreparedAdoption> {
         let limit_lsn = self.head_lsn + self.geometry.capacity;
         if request.from_lsn != self.tail_lsn {
             return Err(AdoptError::NotAtTail {
@@ -607,13 +660,11 @@ impl Ring {
             }
             .into());
         }
-        let check = Check::Adoption {
-            fence: self.fence(),
-        };
+        let fence = self.fence();
+        let check = Check::Adoption { fence };
         let mut tip = self.tip;
         let mut lsn = request.from_lsn;
-        let mut adopted = Vec::new();
-        let mut first_adopted_index = None;
+        let mut records = Vec::new();
         while lsn < request.to_lsn {
             let valid = self
                 .validate_in_place(lsn, tip, check)
@@ -626,47 +677,96 @@ impl Ring {
                 .into());
             }
             if valid.header.kind == RecordKind::Entry {
-                first_adopted_index.get_or_insert(valid.header.index);
-                adopted.push(Slot {
+                records.push(PreparedRecord {
                     lsn,
+                    index: valid.header.index,
                     term: valid.header.term,
+                    payload_len: valid.header.payload_len,
+                    epoch: valid.header.epoch,
                 });
             }
             tip = valid.tip;
             lsn = valid.next_lsn;
         }
-        let found_last = adopted.last().map(|s| LogPos {
-            term: s.term,
-            index: tip.next_index - 1,
+        let found_last = records.last().map(|r| LogPos {
+            term: r.term,
+            index: r.index,
         });
-        if adopted.len() as u64 != request.entries || found_last != request.last {
+        if records.len() as u64 != request.entries || found_last != request.last {
             return Err(AdoptError::EntriesMismatch {
                 expected_count: request.entries,
                 expected_last: request.last,
-                found_count: adopted.len() as u64,
+                found_count: records.len() as u64,
                 found_last,
             }
             .into());
         }
-        if self.slots.is_empty()
-            && let Some(first_index) = first_adopted_index
-        {
-            self.first_index = first_index;
-        }
         // A trailing wrap marker moves the tail to the next lap.
-        let end_lsn = lsn;
-        if end_lsn > limit_lsn {
+        if lsn > limit_lsn {
             return Err(AdoptError::BadRange {
                 from_lsn: request.from_lsn,
-                to_lsn: end_lsn,
+                to_lsn: lsn,
                 limit_lsn,
             }
             .into());
         }
-        self.slots.extend(adopted);
-        self.mark_dirty(self.tail_lsn, end_lsn);
-        self.tail_lsn = end_lsn;
-        self.tip = tip;
+        Ok(PreparedAdoption {
+            request,
+            fence,
+            base_tip: self.tip,
+            tip,
+            end_lsn: lsn,
+            records,
+        })
+    }
+
+    /// The entries of a prepared adoption, read in place.
+    pub fn prepared_records<'a>(
+        &'a self,
+        prepared: &'a PreparedAdoption,
+    ) -> impl Iterator<Item = RecordView<'a>> + 'a {
+        prepared.records.iter().map(|r| RecordView {
+            index: r.index,
+            term: r.term,
+            lsn: r.lsn,
+            epoch: r.epoch,
+            payload: self.bytes(r.lsn + RECORD_HEADER_BYTES as u64, r.payload_len as usize),
+        })
+    }
+
+    /// Takes prepared records into the log. Fails, changing nothing, when the
+    /// log or the fence moved since they were prepared.
+    pub fn commit_adoption(&mut self, prepared: PreparedAdoption) -> Result<Extended> {
+        if prepared.request.from_lsn != self.tail_lsn || prepared.base_tip != self.tip {
+            return Err(AdoptError::NotAtTail {
+                from_lsn: prepared.request.from_lsn,
+                tail_lsn: self.tail_lsn,
+            }
+            .into());
+        }
+        let fence = self.fence();
+        if fence != prepared.fence {
+            return Err(AdoptError::Rejected {
+                lsn: prepared.request.from_lsn,
+                reason: Invalid::NotFenceHolder {
+                    fence,
+                    found: prepared.fence,
+                },
+            }
+            .into());
+        }
+        if self.slots.is_empty()
+            && let Some(first) = prepared.records.first()
+        {
+            self.first_index = first.index;
+        }
+        self.slots.extend(prepared.records.iter().map(|r| Slot {
+            lsn: r.lsn,
+            term: r.term,
+        }));
+        self.mark_dirty(self.tail_lsn, prepared.end_lsn);
+        self.tail_lsn = prepared.end_lsn;
+        self.tip = prepared.tip;
         Ok(Extended {
             last: self.last_log(),
             tail_lsn: self.tail_lsn,

@@ -922,3 +922,53 @@ fn a_log_never_purged_may_start_at_any_index() {
     assert_eq!(wal.ring().first_index(), 9);
     assert_eq!(check(dir.path()).unwrap().first_index, 9);
 }
+
+#[test]
+fn prepared_adoptions_are_readable_and_commit_only_if_nothing_moved() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = epoch(1, 2);
+    let mut wal = open(dir.path());
+    take_fence(wal.ring(), e);
+    let entries: Vec<_> = (0..4).map(|i| (i, 1, payload(i, 100))).collect();
+    let buf = remote_write(wal.ring(), 0, ChainTip::after(None), e, &entries);
+    let request = AdoptRequest {
+        from_lsn: 0,
+        to_lsn: buf.end_lsn(),
+        entries: 4,
+        last: last(1, 3),
+    };
+    let prepared = wal.ring().prepare_adoption(request).unwrap();
+    assert_eq!(prepared.len(), 4);
+    let seen: Vec<_> = wal
+        .ring()
+        .prepared_records(&prepared)
+        .map(|r| (r.index, r.term, r.payload.to_vec()))
+        .collect();
+    assert_log_eq!(seen, entries);
+    assert_eq!(wal.ring().next_index(), 0, "preparing adopts nothing");
+    // The fence moves before the commit: refused.
+    take_fence(wal.ring(), epoch(2, 3));
+    let err = wal
+        .ring_mut()
+        .commit_adoption(prepared.clone())
+        .unwrap_err();
+    assert!(
+        matches!(err, WalError::Adopt(AdoptError::Rejected { .. })),
+        "{err}"
+    );
+    assert_eq!(wal.ring().next_index(), 0);
+    // The log moves before the commit: refused.
+    let e2 = epoch(2, 3);
+    wal.ring_mut()
+        .append(
+            e2,
+            &[EntryRef {
+                term: 2,
+                index: 0,
+                payload: b"local",
+            }],
+        )
+        .unwrap();
+    assert!(wal.ring_mut().commit_adoption(prepared).is_err());
+    assert_eq!(wal.ring().next_index(), 1);
+}
