@@ -830,6 +830,20 @@ impl Ring {
     /// `upto`; `None` when that is already purged. `upto` may lie beyond the
     /// log (after a snapshot), then the whole log goes.
     pub fn purge_point(&self, upto: LogPos) -> Result<Option<PurgePoint>> {
+        if self.anchor.is_none() && !self.slots.is_empty() && upto.index < self.first_index {
+            // A log that began at an arbitrary index gets its purge point
+            // right before its first entry (see `Ring::anchor_first`).
+            if upto.index + 1 != self.first_index {
+                return Err(WalError::Conflict(format!(
+                    "purge to {upto:?} leaves a gap before the first entry {}",
+                    self.first_index
+                )));
+            }
+            return Ok(Some(PurgePoint {
+                log: upto,
+                next_lsn: self.head_lsn,
+            }));
+        }
         if upto.index < self.first_index {
             return match self.anchor {
                 Some(a) if a.index == upto.index && a.term != upto.term => Err(WalError::Conflict(
@@ -854,6 +868,68 @@ impl Ring {
             log: upto,
             next_lsn,
         }))
+    }
+
+    /// True when the log began at an arbitrary index and has no purge point:
+    /// a purge right before its first entry must [`Ring::anchor_first`].
+    pub fn needs_anchor(&self) -> bool {
+        self.anchor.is_none() && !self.slots.is_empty()
+    }
+
+    /// Prepares an unanchored log for the purge point `upto` right before its
+    /// first entry: the first record (and a wrap marker in front of it) was
+    /// written with no previous entry, so its `prev_term` is rewritten to
+    /// `upto.term` and the record re-sealed, then synced, so that recovery
+    /// from the purge point checks the chain. Call before the metadata names
+    /// the purge point.
+    pub fn anchor_first(&mut self, upto: LogPos) -> Result<()> {
+        assert!(
+            self.needs_anchor(),
+            "anchor_first on an anchored or empty log"
+        );
+        if upto.index + 1 != self.first_index {
+            return Err(WalError::Conflict(format!(
+                "purge point {upto:?} is not right before the first entry {}",
+                self.first_index
+            )));
+        }
+        let mut lsn = self.head_lsn;
+        loop {
+            let mut header = self.stored_header(lsn);
+            if header.kind == RecordKind::Entry && header.term < upto.term {
+                return Err(WalError::Conflict(format!(
+                    "purge point {upto:?} has a term above the first entry's {}",
+                    header.term
+                )));
+            }
+            header.prev_term = upto.term;
+            if header.kind == RecordKind::Wrap {
+                header.term = upto.term;
+            }
+            let payload = self
+                .bytes(
+                    lsn + RECORD_HEADER_BYTES as u64,
+                    header.payload_len as usize,
+                )
+                .to_vec();
+            let sealed = header.seal(&payload);
+            let physical = self.geometry.physical(lsn) as usize;
+            // SAFETY: in bounds (a header of an owned record); owned records
+            // are not remotely written.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    sealed.as_ptr(),
+                    self.data_ptr().add(physical),
+                    RECORD_HEADER_BYTES,
+                )
+            };
+            self.mark_dirty(lsn, lsn + RECORD_HEADER_BYTES as u64);
+            if header.kind == RecordKind::Entry {
+                break;
+            }
+            lsn = self.geometry.next_lap(lsn);
+        }
+        self.sync_data()
     }
 
     /// Purges up to `point` (from [`Ring::purge_point`]) and advances `head`.

@@ -192,6 +192,9 @@ impl Wal {
         let Some(point) = self.ring.purge_point(upto)? else {
             return Ok(false);
         };
+        if self.ring.needs_anchor() && point.log.index < self.ring.first_index() {
+            self.ring.anchor_first(point.log)?;
+        }
         self.store(Meta {
             purged: Some(point),
             ..self.meta

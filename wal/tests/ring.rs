@@ -972,3 +972,51 @@ fn prepared_adoptions_are_readable_and_commit_only_if_nothing_moved() {
     assert!(wal.ring_mut().commit_adoption(prepared).is_err());
     assert_eq!(wal.ring().next_index(), 1);
 }
+
+#[test]
+fn a_log_that_began_anywhere_can_be_anchored_right_before_its_first_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = epoch(3, 1);
+    {
+        let mut wal = open(dir.path());
+        take_fence(wal.ring(), e);
+        append_n_from(wal.ring_mut(), e, 2, 7, 3);
+        assert!(
+            matches!(
+                wal.purge(LogPos { term: 1, index: 5 }),
+                Err(WalError::Conflict(_))
+            ),
+            "gap"
+        );
+        assert!(
+            matches!(
+                wal.purge(LogPos { term: 3, index: 6 }),
+                Err(WalError::Conflict(_))
+            ),
+            "term above"
+        );
+        assert!(wal.purge(LogPos { term: 1, index: 6 }).unwrap());
+        assert_eq!(wal.ring().last_purged(), last(1, 6));
+        assert_eq!(wal.ring().first_index(), 7);
+    }
+    let wal = open(dir.path());
+    assert_eq!(wal.recovery().damage, Damage::None, "{:?}", wal.recovery());
+    assert_eq!(wal.ring().first_index(), 7);
+    assert_eq!(wal.ring().last_log(), last(2, 9));
+    assert_eq!(wal.ring().read(7).unwrap().payload, payload(7, 10));
+}
+
+fn append_n_from(ring: &mut ringraft_wal::Ring, e: Epoch, term: u64, first: u64, n: u64) {
+    for index in first..first + n {
+        let p = payload(index, 10);
+        ring.append(
+            e,
+            &[EntryRef {
+                term,
+                index,
+                payload: &p,
+            }],
+        )
+        .unwrap();
+    }
+}

@@ -1,0 +1,559 @@
+//! openraft's log storage over the `wal` ring.
+//!
+//! Entries are ring records: the record header carries the term and index
+//! (a log id under standard leader ids), the payload is the bincode of the
+//! openraft entry payload. Two ways in:
+//! - local append: a leader's own entries, or entries a follower received
+//!   two-sided; written into the ring under the writer's epoch;
+//! - adoption: entries a leader already WROTE into this node's ring. The
+//!   network layer checks them in place ([`LogStore::prepare_adoption`])
+//!   and hands their payloads to openraft; when openraft appends exactly
+//!   those entries, the store takes the records into the log where they lie,
+//!   without copying them.
+//!
+//! Durability: in `fsync` mode an append is reported flushed (and so
+//! counted by openraft, for the leader's own log as for a follower's
+//! answer) only after msync of the records and of the acknowledged-index
+//! watermark; in `memory` mode the shared mapping survives a killed process
+//! and the watermark is only stored.
+//!
+//! The vote lives in the metadata file. Whenever the term advances, the
+//! store first calls the [`RingGuard`] to revoke every remote write access
+//! to the ring (DESIGN.md, fencing), then saves the vote.
+
+use std::fmt::Debug;
+use std::io;
+use std::ops::RangeBounds;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use openraft::OptionalSend;
+use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
+use ringraft_wal::{
+    AdoptRequest, EntryRef, Epoch, LogPos, PreparedAdoption, VoteRecord, Wal, WalError,
+};
+
+use crate::types::{Entry, LogId, TypeConfig, Vote, log_id, term_of};
+
+/// How long an append waits for room in a full ring (a purge) before it
+/// fails.
+pub const RING_FULL_WAIT: Duration = Duration::from_secs(30);
+
+/// When an entry counts as stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum Durability {
+    /// In the shared mapping: survives a killed process, not a machine
+    /// crash (Mu-style).
+    #[default]
+    Memory,
+    /// msync'ed before it is acknowledged (group commit per append).
+    Fsync,
+}
+
+/// What the store needs from the fabric side of the node.
+pub trait RingGuard: Send + Sync + 'static {
+    /// The term advanced: revoke every remote write access to the ring now
+    /// (rotate the data region's rkey).
+    fn revoke(&self);
+    /// Raise this node's own fence to `epoch` (upward only): through a
+    /// loopback connection unless the device has global atomics.
+    fn fence_self(&self, epoch: Epoch) -> BoxFuture<'static, io::Result<()>>;
+}
+
+/// A guard for a node without a fabric (tests, the openraft suite): no
+/// remote access to revoke, and the fence is set with a CPU CAS.
+#[derive(Default)]
+pub struct LocalGuard {
+    store: Mutex<Option<LogStore>>,
+}
+
+impl LocalGuard {
+    /// Binds the guard to its store.
+    pub fn bind(&self, store: &LogStore) {
+        *self.store.lock().expect("guard lock") = Some(store.clone());
+    }
+}
+
+impl RingGuard for LocalGuard {
+    fn revoke(&self) {}
+
+    fn fence_self(&self, epoch: Epoch) -> BoxFuture<'static, io::Result<()>> {
+        let store = self.store.lock().expect("guard lock").clone();
+        Box::pin(async move {
+            if let Some(store) = store {
+                store.cas_fence_locally(epoch)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+struct Inner {
+    wal: Mutex<Wal>,
+    node_id: u64,
+    durability: Durability,
+    guard: Arc<dyn RingGuard>,
+    /// Records checked in place and waiting for openraft's append.
+    pending: Mutex<Option<PreparedAdoption>>,
+    /// While the log is corrupt inside (DESIGN.md, recovery): no vote may be
+    /// granted until the log reaches this index.
+    votes_blocked_until: Mutex<Option<u64>>,
+}
+
+/// The log store; clones share it (the reader is a clone).
+#[derive(Clone)]
+pub struct LogStore {
+    inner: Arc<Inner>,
+}
+
+impl Debug for LogStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogStore")
+            .field("node_id", &self.inner.node_id)
+            .finish_non_exhaustive()
+    }
+}
+
+fn io_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+fn encode_payload(payload: &openraft::alias::PayloadOf<TypeConfig>) -> io::Result<Vec<u8>> {
+    bincode::serde::encode_to_vec(payload, bincode::config::standard()).map_err(io_err)
+}
+
+/// Decodes a ring record's payload into an openraft entry.
+pub fn decode_entry(term: u64, index: u64, bytes: &[u8]) -> io::Result<Entry> {
+    let (payload, used): (openraft::alias::PayloadOf<TypeConfig>, usize) =
+        bincode::serde::decode_from_slice(bytes, bincode::config::standard()).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("entry {index}: undecodable payload: {e}"),
+            )
+        })?;
+    if used != bytes.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("entry {index}: trailing bytes in the payload"),
+        ));
+    }
+    Ok(Entry {
+        log_id: log_id(term, index),
+        payload,
+    })
+}
+
+fn pos(log_id: &LogId) -> LogPos {
+    LogPos {
+        term: term_of(log_id),
+        index: log_id.index,
+    }
+}
+
+fn to_log_id(pos: LogPos) -> LogId {
+    log_id(pos.term, pos.index)
+}
+
+impl LogStore {
+    /// A store over an open data directory.
+    pub fn new(
+        wal: Wal,
+        node_id: u64,
+        durability: Durability,
+        guard: Arc<dyn RingGuard>,
+    ) -> LogStore {
+        let recovery = *wal.recovery();
+        let blocked = recovery.corrupt_inside().then(|| match recovery.damage {
+            ringraft_wal::Damage::CorruptInside(ringraft_wal::Evidence::BelowWatermark {
+                acked,
+                ..
+            }) => acked,
+            ringraft_wal::Damage::CorruptInside(ringraft_wal::Evidence::WellFormedBeyond {
+                index,
+                ..
+            }) => index,
+            _ => unreachable!("corrupt_inside"),
+        });
+        if let Some(until) = blocked {
+            tracing::warn!(
+                node_id,
+                until,
+                damage = ?recovery.damage,
+                "the log is corrupt inside: this node grants no vote until it is re-replicated past the break"
+            );
+        }
+        LogStore {
+            inner: Arc::new(Inner {
+                wal: Mutex::new(wal),
+                node_id,
+                durability,
+                guard,
+                pending: Mutex::new(None),
+                votes_blocked_until: Mutex::new(blocked),
+            }),
+        }
+    }
+
+    fn wal(&self) -> MutexGuard<'_, Wal> {
+        self.inner.wal.lock().expect("wal lock")
+    }
+
+    /// Runs `f` with the wal locked.
+    pub fn with_wal<T>(&self, f: impl FnOnce(&mut Wal) -> T) -> T {
+        f(&mut self.wal())
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> u64 {
+        self.inner.node_id
+    }
+
+    /// The durability mode.
+    pub fn durability(&self) -> Durability {
+        self.inner.durability
+    }
+
+    /// True while the log is corrupt inside and not yet re-replicated past
+    /// the break: the node must not grant votes.
+    pub fn votes_blocked(&self) -> bool {
+        let mut blocked = self.inner.votes_blocked_until.lock().expect("lock");
+        if let Some(until) = *blocked {
+            let next = self.wal().ring().next_index();
+            if next > until {
+                tracing::info!(
+                    until,
+                    "the log was re-replicated past the break: votes allowed again"
+                );
+                *blocked = None;
+            }
+        }
+        blocked.is_some()
+    }
+
+    /// Sets our own fence with a CPU CAS (devices with global atomics, and
+    /// software fabrics, whose atomics are CPU atomics).
+    pub fn cas_fence_locally(&self, epoch: Epoch) -> io::Result<()> {
+        let wal = self.wal();
+        let ring = wal.ring();
+        loop {
+            let current = ring.fence();
+            if current >= epoch {
+                return Ok(());
+            }
+            let found = ring
+                .compare_exchange_fence(current, epoch)
+                .map_err(io_err)?;
+            if found == current {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Checks records a leader wrote into this ring, without taking them into
+    /// the log, and returns them as entries; they stay pending until openraft
+    /// appends exactly them (or [`LogStore::drop_pending`]).
+    pub fn prepare_adoption(&self, request: AdoptRequest) -> Result<Vec<Entry>, WalError> {
+        let wal = self.wal();
+        let prepared = wal.ring().prepare_adoption(request)?;
+        let entries = wal
+            .ring()
+            .prepared_records(&prepared)
+            .map(|r| decode_entry(r.term, r.index, r.payload))
+            .collect::<io::Result<Vec<_>>>()
+            .map_err(|e| WalError::Conflict(e.to_string()))?;
+        *self.inner.pending.lock().expect("pending lock") = Some(prepared);
+        Ok(entries)
+    }
+
+    /// Forgets a prepared adoption that openraft did not take, and erases the
+    /// scratch records so that neither a later adoption nor recovery finds
+    /// them. Returns whether something was pending.
+    pub fn drop_pending(&self) -> bool {
+        let Some(prepared) = self.inner.pending.lock().expect("pending lock").take() else {
+            return false;
+        };
+        self.wal()
+            .ring_mut()
+            .clear_scratch(prepared.request().to_lsn);
+        true
+    }
+
+    /// The adopted tail: where a leader writes next, and the last log id.
+    pub fn tail(&self) -> (u64, Option<LogId>) {
+        let wal = self.wal();
+        (wal.ring().tail_lsn(), wal.ring().last_log().map(to_log_id))
+    }
+
+    /// The epoch local appends of `max_term` run under: a leader's own (its
+    /// fence raised first if needed), else the fence holder's.
+    async fn epoch_for(&self, max_term: u64) -> io::Result<Epoch> {
+        let (vote, fence) = {
+            let wal = self.wal();
+            (wal.meta().vote, wal.ring().fence())
+        };
+        let leading = vote.is_some_and(|v| {
+            v.committed && v.voted_for == Some(self.inner.node_id) && v.term >= max_term
+        });
+        if leading {
+            let term = vote.map_or(max_term, |v| v.term);
+            let mine = Epoch::new(term, self.inner.node_id).ok_or_else(|| {
+                io_err(format!(
+                    "term {term} or node {} does not fit an epoch",
+                    self.inner.node_id
+                ))
+            })?;
+            if fence < mine {
+                self.inner.guard.fence_self(mine).await?;
+            }
+            let fence = self.wal().ring().fence();
+            return Ok(if fence >= mine { mine } else { fence });
+        }
+        if fence.term() < max_term {
+            // Entries of a term above the fence, and not ours: a leader that
+            // has not fenced this node (the network refuses that case first),
+            // or the very first entries of a fresh cluster.
+            let e = Epoch::new(max_term, 0).ok_or_else(|| io_err("term does not fit an epoch"))?;
+            self.inner.guard.fence_self(e).await?;
+            return Ok(self.wal().ring().fence());
+        }
+        Ok(fence)
+    }
+
+    async fn make_durable(&self, last_index: u64) -> io::Result<()> {
+        match self.inner.durability {
+            Durability::Memory => {
+                self.wal().ring().mark_acked(last_index);
+                Ok(())
+            }
+            Durability::Fsync => {
+                let store = self.clone();
+                tokio::task::spawn_blocking(move || {
+                    store
+                        .wal()
+                        .ring_mut()
+                        .sync_and_ack(last_index)
+                        .map_err(io_err)
+                })
+                .await
+                .map_err(io_err)?
+            }
+        }
+    }
+
+    async fn append_local(&self, entries: &[Entry]) -> io::Result<()> {
+        let max_term = entries
+            .iter()
+            .map(|e| term_of(&e.log_id))
+            .max()
+            .unwrap_or(0);
+        let epoch = self.epoch_for(max_term).await?;
+        let payloads = entries
+            .iter()
+            .map(|e| encode_payload(&e.payload))
+            .collect::<io::Result<Vec<_>>>()?;
+        let refs: Vec<EntryRef<'_>> = entries
+            .iter()
+            .zip(&payloads)
+            .map(|(e, p)| EntryRef {
+                term: term_of(&e.log_id),
+                index: e.log_id.index,
+                payload: p,
+            })
+            .collect();
+        let deadline = tokio::time::Instant::now() + RING_FULL_WAIT;
+        loop {
+            let result = self.wal().ring_mut().append(epoch, &refs);
+            match result {
+                Ok(_) => return Ok(()),
+                Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "ring full; waiting for a purge");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => return Err(io_err(e)),
+            }
+        }
+    }
+
+    fn take_matching_pending(&self, entries: &[Entry]) -> Option<PreparedAdoption> {
+        let mut pending = self.inner.pending.lock().expect("pending lock");
+        let prepared = pending.take()?;
+        let request = prepared.request();
+        let first = entries.first().map(|e| e.log_id.index);
+        let wanted_last = entries.last().map(|e| pos(&e.log_id));
+        let prepared_first = request.last.map(|l| l.index + 1 - request.entries);
+        if request.entries == entries.len() as u64
+            && request.last == wanted_last
+            && prepared_first == first
+        {
+            Some(prepared)
+        } else {
+            // openraft appends something else (it truncated, or skipped
+            // entries it already had): the records are not adopted.
+            drop(pending);
+            let _ = prepared;
+            None
+        }
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, io::Error> {
+        let wal = self.wal();
+        let ring = wal.ring();
+        let start = match range.start_bound() {
+            std::ops::Bound::Included(i) => *i,
+            std::ops::Bound::Excluded(i) => i + 1,
+            std::ops::Bound::Unbounded => 0,
+        }
+        .max(ring.first_index());
+        let end = match range.end_bound() {
+            std::ops::Bound::Included(i) => i.saturating_add(1),
+            std::ops::Bound::Excluded(i) => *i,
+            std::ops::Bound::Unbounded => u64::MAX,
+        }
+        .min(ring.next_index());
+        let mut out = Vec::with_capacity(end.saturating_sub(start) as usize);
+        for index in start..end {
+            let record = ring.read(index).map_err(io_err)?;
+            out.push(decode_entry(record.term, index, record.payload)?);
+        }
+        Ok(out)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        Ok(self.wal().meta().vote.map(|v| {
+            let leader = v.voted_for.unwrap_or_default();
+            if v.committed {
+                Vote::new_committed(v.term, leader)
+            } else {
+                Vote::new(v.term, leader)
+            }
+        }))
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
+        let wal = self.wal();
+        Ok(LogState {
+            last_purged_log_id: wal.ring().last_purged().map(to_log_id),
+            last_log_id: wal.ring().last_log().map(to_log_id),
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
+        let record = VoteRecord {
+            term: vote.leader_id.term,
+            voted_for: Some(vote.leader_id.voted_for),
+            committed: vote.committed,
+        };
+        let previous_term = self.wal().meta().vote.map(|v| v.term);
+        if previous_term.is_none_or(|t| record.term > t) {
+            // Fencing: no remote writer keeps access across a term change.
+            self.inner.guard.revoke();
+        }
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || store.wal().save_vote(record).map_err(io_err))
+            .await
+            .map_err(io_err)?
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
+        // A hint in the ring's control block, not fsynced: on restart it is
+        // only believed as far as the log reaches.
+        self.wal()
+            .ring()
+            .set_commit_hint(committed.map(|c| c.index));
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
+        let wal = self.wal();
+        let ring = wal.ring();
+        let Some(hint) = ring.commit_hint() else {
+            return Ok(None);
+        };
+        let index = hint.min(ring.next_index().saturating_sub(1));
+        Ok(ring.term_of(index).map(|term| log_id(term, index)))
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), io::Error>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let Some(last) = entries.last().map(|e| e.log_id.index) else {
+            callback.io_completed(Ok(()));
+            return Ok(());
+        };
+        let result = async {
+            match self.take_matching_pending(&entries) {
+                Some(prepared) => {
+                    self.wal()
+                        .ring_mut()
+                        .commit_adoption(prepared)
+                        .map_err(io_err)?;
+                }
+                None => {
+                    if self.drop_pending() {
+                        tracing::debug!(
+                            "prepared records not taken: openraft appended other entries"
+                        );
+                    }
+                    self.append_local(&entries).await?;
+                }
+            }
+            self.make_durable(last).await
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                callback.io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.io_completed(Err(io::Error::new(e.kind(), e.to_string())));
+                Err(e)
+            }
+        }
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
+        self.drop_pending();
+        self.wal()
+            .ring_mut()
+            .truncate_after(last_log_id.map(|l| l.index))
+            .map_err(io_err)?;
+        if self.inner.durability == Durability::Fsync {
+            let store = self.clone();
+            tokio::task::spawn_blocking(move || store.wal().ring_mut().sync().map_err(io_err))
+                .await
+                .map_err(io_err)??;
+        }
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || {
+            store.wal().purge(pos(&log_id)).map(|_| ()).map_err(io_err)
+        })
+        .await
+        .map_err(io_err)?
+    }
+}

@@ -1,0 +1,104 @@
+//! The openraft type configuration and the values that travel through the
+//! log: commands, responses, client sessions.
+
+use serde::{Deserialize, Serialize};
+
+/// A client session for exactly-once appends: a retry carries the same
+/// `(client_id, seq)` and is answered with the original result instead of
+/// being applied again (Ongaro's dissertation §6.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Session {
+    /// The client's id, chosen at random by the client.
+    pub client_id: u64,
+    /// The request's number within the session; strictly increasing.
+    pub seq: u64,
+}
+
+/// What a proposal puts into the log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Command {
+    /// The client session, for exactly-once semantics; `None` for plain
+    /// proposals.
+    pub session: Option<Session>,
+    /// The application's bytes.
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+impl std::fmt::Display for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.session {
+            Some(s) => write!(
+                f,
+                "command({} B, session {}#{})",
+                self.data.len(),
+                s.client_id,
+                s.seq
+            ),
+            None => write!(f, "command({} B)", self.data.len()),
+        }
+    }
+}
+
+/// What applying a command returned.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    /// The log index the command was applied at (for a duplicate: the index
+    /// of the original).
+    pub index: u64,
+    /// The application's answer.
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+    /// True when this was a retry answered from the session table.
+    pub duplicate: bool,
+}
+
+impl std::fmt::Display for Response {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "response(index {}, {} B{})",
+            self.index,
+            self.data.len(),
+            if self.duplicate { ", duplicate" } else { "" }
+        )
+    }
+}
+
+/// A node's address, as membership records it.
+pub type NodeInfo = openraft::impls::BasicNode;
+
+openraft::declare_raft_types!(
+    /// ringraft's openraft type configuration: standard leader ids (a log id
+    /// is a term and an index, which is what a ring record carries).
+    pub TypeConfig:
+        D = Command,
+        R = Response,
+        NodeId = u64,
+        Node = NodeInfo,
+        Term = u64,
+        LeaderId = openraft::impls::leader_id_std::LeaderId<u64, u64>,
+);
+
+/// A log id.
+pub type LogId = openraft::alias::LogIdOf<TypeConfig>;
+/// A vote.
+pub type Vote = openraft::alias::VoteOf<TypeConfig>;
+/// A log entry.
+pub type Entry = openraft::alias::EntryOf<TypeConfig>;
+/// The membership stored in the log.
+pub type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
+/// Snapshot metadata.
+pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
+/// The raft handle.
+pub type Raft = openraft::Raft<TypeConfig, crate::state_machine::SmStore>;
+
+/// The term of a log id.
+pub fn term_of(log_id: &LogId) -> u64 {
+    log_id.leader_id.term
+}
+
+/// A log id from a term and an index.
+pub fn log_id(term: u64, index: u64) -> LogId {
+    LogId::new_term_index(term, index)
+}
