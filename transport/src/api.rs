@@ -485,6 +485,13 @@ impl Connection {
             }
             _ => 0,
         };
+        if let Request::CompareSwap { addr, .. } | Request::FetchAdd { addr, .. } = &request
+            && !addr.is_multiple_of(8)
+        {
+            return Err(TransportError::Invalid(format!(
+                "atomic on {addr:#x}: remote atomics need an 8-byte aligned address"
+            )));
+        }
         if len > config.max_transfer_bytes as usize {
             return Err(TransportError::Limit {
                 what: "transfer bytes",

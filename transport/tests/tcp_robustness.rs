@@ -195,14 +195,22 @@ async fn limits_on_connections_and_registrations() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn posts_beyond_the_outstanding_limit_are_refused() {
     let b = device(2, DeviceLimits::default());
+    // No receive posted and long RNR waits: a SEND stays outstanding and
+    // holds everything posted after it (RC order), so the count is exact.
+    let held = ConnConfig {
+        recv_depth: 0,
+        auto_repost: false,
+        rnr_delay: Duration::from_millis(200),
+        ..suite_config()
+    };
     let mut listener = b
-        .listen("127.0.0.1:0", suite_config(), reveal_to_all(vec![]))
+        .listen("127.0.0.1:0", held.clone(), reveal_to_all(vec![]))
         .await
         .unwrap();
     let a = device(1, DeviceLimits::default());
     let tight = ConnConfig {
         max_outstanding: 4,
-        ..suite_config()
+        ..held
     };
     let conn = a
         .connect(&listener.local_addr(), tight, vec![])
@@ -212,28 +220,29 @@ async fn posts_beyond_the_outstanding_limit_are_refused() {
     let buf = b
         .register_buffer(1 << 20, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
         .unwrap();
-    let data = vec![1u8; 256 << 10];
-    let mut posted = Vec::new();
-    let mut refused = 0;
-    for _ in 0..16 {
-        match conn.post_write(buf.remote().start(), &data) {
-            Ok(p) => posted.push(p),
-            Err(ringraft_transport::TransportError::Limit { .. }) => refused += 1,
-            Err(e) => panic!("{e}"),
-        }
+    let _send = conn.post_send(b"held").unwrap();
+    for _ in 0..3 {
+        conn.post_write(buf.remote().start(), &[1u8; 64]).unwrap();
     }
-    assert!(
-        posted.len() <= 4 && refused >= 12,
-        "{} posted, {refused} refused",
-        posted.len()
-    );
-    for p in posted {
-        p.await.unwrap();
-    }
-    assert!(
-        conn.post_write(buf.remote().start(), &data).is_ok(),
-        "room again once completed"
-    );
+    assert!(matches!(
+        conn.post_write(buf.remote().start(), &[1u8; 64]),
+        Err(ringraft_transport::TransportError::Limit { .. })
+    ));
     let too_big = vec![0u8; (suite_config().max_transfer_bytes as usize) + 1];
-    assert!(conn.post_write(buf.remote().start(), &too_big).is_err());
+    let fresh = a
+        .connect(&listener.local_addr(), suite_config(), vec![])
+        .await
+        .unwrap();
+    assert!(fresh.post_write(buf.remote().start(), &too_big).is_err());
+    assert!(
+        conn.post_compare_swap(
+            ringraft_transport::RemoteAddr {
+                addr: buf.remote().addr + 4,
+                rkey: 1
+            },
+            0,
+            1
+        )
+        .is_err()
+    );
 }

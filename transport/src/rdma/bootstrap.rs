@@ -1,0 +1,292 @@
+//! Connection setup over a TCP bootstrap stream, one per RDMA connection:
+//! the authenticated handshake of [`crate::handshake`] (backend `rdma`),
+//! in which each side reveals its queue pair's endpoint
+//! ([`super::endpoint`]) only after the other proved the cluster secret,
+//! then the queue pair transitions, then a ready byte.
+//!
+//! ```text
+//! client                                   server
+//! TCP connect; create QP (INIT),
+//!   post recv_depth receives
+//! handshake: Hello ->  <- Challenge        (server proves the secret)
+//!   Proof, Endpoint{qp, app data} ->       checks the proof, the endpoint,
+//!                                          the connection limit, the policy;
+//!                                          creates its QP, INIT->RTR->RTS
+//!                            <- Endpoint{qp, policy's app data}
+//! INIT->RTR->RTS
+//! READY (1 byte 0x52) ->                   accept() yields the connection
+//! ```
+//!
+//! When `connect` returns, both queue pairs are in RTS; when `accept`
+//! yields, too (the server waits for READY), so either side may post at
+//! once. The stream then stays open as the connection's close channel (see
+//! [`super::conn`]). Failed or unauthenticated attempts count in
+//! `rejected` and never end the listener; handshakes run at most
+//! [`MAX_CONCURRENT_HANDSHAKES`] at once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc};
+
+use super::conn::{QpResources, RdmaConnection};
+use super::device::RdmaDevice;
+use super::endpoint::QpEndpoint;
+use crate::api::AcceptPolicy;
+use crate::error::{Result, TransportError};
+use crate::handshake::{self, Reveal};
+use crate::types::{Backend, ConnConfig};
+
+/// Handshakes running at once on one listener; more wait.
+pub(crate) const MAX_CONCURRENT_HANDSHAKES: usize = 64;
+/// Authenticated connections waiting for `accept`.
+const ACCEPT_QUEUE: usize = 64;
+/// The byte a client sends once its queue pair is in RTS.
+const READY: u8 = 0x52;
+
+/// Accepts authenticated RDMA connections.
+pub struct RdmaListener {
+    incoming: mpsc::Receiver<RdmaConnection>,
+    local_addr: String,
+    rejected: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for RdmaListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaListener")
+            .field("local_addr", &self.local_addr)
+            .finish()
+    }
+}
+
+impl RdmaListener {
+    /// The next authenticated connection (both queue pairs in RTS); `None`
+    /// once the listener stopped.
+    pub async fn accept(&mut self) -> Option<RdmaConnection> {
+        self.incoming.recv().await
+    }
+
+    /// The bootstrap address clients connect to.
+    pub fn local_addr(&self) -> String {
+        self.local_addr.clone()
+    }
+
+    /// Connection attempts that failed (bad secret, garbage, timeout, a
+    /// limit, the policy's refusal, queue pair setup) so far, on any
+    /// listener of the device (as the tcp backend counts them).
+    pub fn rejected(&self) -> u64 {
+        self.rejected.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for RdmaListener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub(crate) async fn listen(
+    device: Arc<RdmaDevice>,
+    addr: &str,
+    config: ConnConfig,
+    policy: AcceptPolicy,
+) -> Result<RdmaListener> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(TransportError::io(format!("listen on {addr}")))?;
+    let local_addr = listener
+        .local_addr()
+        .map_err(TransportError::io("local address"))?
+        .to_string();
+    let (tx, incoming) = mpsc::channel(ACCEPT_QUEUE);
+    let rejected = device.rejected.clone();
+    let task = tokio::spawn(accept_loop(
+        listener,
+        device,
+        config,
+        policy,
+        tx,
+        rejected.clone(),
+    ));
+    Ok(RdmaListener {
+        incoming,
+        local_addr,
+        rejected,
+        task,
+    })
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    device: Arc<RdmaDevice>,
+    config: ConnConfig,
+    policy: AcceptPolicy,
+    tx: mpsc::Sender<RdmaConnection>,
+    rejected: Arc<AtomicU64>,
+) {
+    let handshakes = Arc::new(Semaphore::new(MAX_CONCURRENT_HANDSHAKES));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(error) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = handshakes.clone().acquire_owned().await else {
+            return;
+        };
+        let (device, config, policy, tx, rejected) = (
+            device.clone(),
+            config.clone(),
+            policy.clone(),
+            tx.clone(),
+            rejected.clone(),
+        );
+        tokio::spawn(async move {
+            let _permit = permit;
+            let peer = peer.to_string();
+            match accept_one(stream, &device, &peer, &config, &policy).await {
+                Ok(conn) => {
+                    let _ = tx.send(conn).await;
+                }
+                Err(error) => {
+                    rejected.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, %error, "rdma connection attempt rejected");
+                }
+            }
+        });
+    }
+}
+
+async fn accept_one(
+    mut stream: TcpStream,
+    device: &RdmaDevice,
+    peer: &str,
+    config: &ConnConfig,
+    policy: &AcceptPolicy,
+) -> Result<RdmaConnection> {
+    stream
+        .set_nodelay(true)
+        .map_err(TransportError::io("TCP_NODELAY"))?;
+    let local_ip = stream.local_addr().ok().map(|a| a.ip());
+    let accepted = handshake::server(
+        &mut stream,
+        peer,
+        &device.config.secret,
+        Backend::Rdma,
+        device.config.node_id,
+        config.handshake_timeout,
+    )
+    .await?;
+    let theirs = match QpEndpoint::decode(&accepted.peer.reveal.endpoint, peer) {
+        Ok(e) => e,
+        Err(e) => return Err(accepted.refuse(&mut stream, peer, e.to_string()).await),
+    };
+    let slot = match device.reserve_connection() {
+        Ok(slot) => slot,
+        Err(e) => return Err(accepted.refuse(&mut stream, peer, e.to_string()).await),
+    };
+    let app_data = match policy(&accepted.peer) {
+        Ok(data) => data,
+        Err(reason) => return Err(accepted.refuse(&mut stream, peer, reason).await),
+    };
+    let resources = match QpResources::create(device, config, local_ip, slot)
+        .and_then(|r| r.bring_up(&theirs, config).map(|()| r))
+    {
+        Ok(r) => r,
+        Err(e) => {
+            return Err(accepted
+                .refuse(&mut stream, peer, format!("queue pair setup failed: {e}"))
+                .await);
+        }
+    };
+    accepted
+        .answer(
+            &mut stream,
+            peer,
+            Reveal {
+                endpoint: resources.endpoint().encode(),
+                app_data,
+            },
+        )
+        .await?;
+    let mut ready = [0u8; 1];
+    match tokio::time::timeout(config.handshake_timeout, stream.read_exact(&mut ready)).await {
+        Ok(Ok(_)) if ready[0] == READY => {}
+        Ok(Ok(_)) => {
+            return Err(TransportError::Protocol {
+                peer: peer.to_string(),
+                reason: format!("expected the ready byte, got {:#x}", ready[0]),
+            });
+        }
+        Ok(Err(e)) => {
+            return Err(TransportError::io(format!(
+                "waiting for {peer} to be ready"
+            ))(e));
+        }
+        Err(_) => {
+            return Err(TransportError::Timeout {
+                what: format!("{peer} bringing its queue pair up"),
+                after_ms: config.handshake_timeout.as_millis() as u64,
+            });
+        }
+    }
+    RdmaConnection::start(
+        resources,
+        config.clone(),
+        peer.to_string(),
+        accepted.peer,
+        stream,
+    )
+}
+
+pub(crate) async fn connect(
+    device: Arc<RdmaDevice>,
+    addr: &str,
+    config: ConnConfig,
+    app_data: Vec<u8>,
+) -> Result<RdmaConnection> {
+    let slot = device.reserve_connection()?;
+    let mut stream = tokio::time::timeout(config.handshake_timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| TransportError::Timeout {
+            what: format!("TCP connect to {addr}"),
+            after_ms: config.handshake_timeout.as_millis() as u64,
+        })?
+        .map_err(TransportError::io(format!("connect to {addr}")))?;
+    stream
+        .set_nodelay(true)
+        .map_err(TransportError::io("TCP_NODELAY"))?;
+    let local_ip = stream.local_addr().ok().map(|a| a.ip());
+    let resources = QpResources::create(&device, &config, local_ip, slot)?;
+    let ours = resources.endpoint();
+    let info = handshake::client(
+        &mut stream,
+        addr,
+        &device.config.secret,
+        Backend::Rdma,
+        device.config.node_id,
+        config.handshake_timeout,
+        // Built only once the server has proven the secret.
+        || {
+            Ok(Reveal {
+                endpoint: ours.encode(),
+                app_data,
+            })
+        },
+    )
+    .await?;
+    let theirs = QpEndpoint::decode(&info.reveal.endpoint, addr)?;
+    resources.bring_up(&theirs, &config)?;
+    stream
+        .write_all(&[READY])
+        .await
+        .map_err(TransportError::io(format!("telling {addr} we are ready")))?;
+    RdmaConnection::start(resources, config, addr.to_string(), info, stream)
+}
