@@ -18,13 +18,42 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 : "${LAB_TIMEOUT:=300}"     # per lab session (boot excluded)
 PROBE_T=${PROBE_T:-12}     # seconds a bounded probe may take
 
-TESTS=(loopback_verbs multi_perftest multi_cut multi3_cut)
+TESTS=(loopback_verbs rdma_conformance_loopback multi_perftest rdma_conformance_multi multi_cut multi3_cut)
+
+REPO=$(cd "$HERE/../.." && pwd)
+# The project's binaries with the rdma backend, built on the host and run
+# in the guests in place.
+RR_TARGET=${RR_TARGET:-$REPO/target}
+RR_BIN=$RR_TARGET/release
+_build_rdma_bins() {
+    [ -n "${_RDMA_BUILT:-}" ] && return 0
+    echo "building the rdma binaries (cargo build --release --features rdma)"
+    (cd "$REPO" && CARGO_TARGET_DIR="$RR_TARGET" cargo build --release --locked \
+        -p ringraft-transport --features rdma --bins) || return 1
+    _RDMA_BUILT=1
+}
 
 # --------------------------------------------------------------- tests
 
 # (a) one guest, rxe0 on dummy0: device state and perftest on the same device.
 test_loopback_verbs() {
     lab_run_loopback 'bash "$LAB_DIR/checks-loopback.sh"'
+}
+
+# (a2) the transport conformance suite with the rdma backend, both sides in
+# one process on the one rxe device of a loopback guest.
+test_rdma_conformance_loopback() {
+    _build_rdma_bins || return 1
+    lab_run_loopback "'$RR_BIN/ringraft-conformance' --backend rdma --device \"\$LAB_RXE\" local --listen \"\$LAB_IP:0\""
+}
+
+# (b0) the same suite across two guests: side B serves in guest 1, side A
+# runs the checks from guest 2 over the host bridge.
+test_rdma_conformance_multi() {
+    _build_rdma_bins || return 1
+    lab_run_multi 2 \
+        "'$RR_BIN/ringraft-conformance' --backend rdma --device \"\$LAB_RXE\" serve --control \"\$LAB_IP:7470\" --advertise \"\$LAB_IP\"" \
+        "'$RR_BIN/ringraft-conformance' --backend rdma --device \"\$LAB_RXE\" remote --control \"\$(lab_peer_ip 1):7470\""
 }
 
 # (b1) two guests on the host bridge: perftest across guests, run
