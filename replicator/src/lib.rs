@@ -1,16 +1,33 @@
 //! # ringraft
 //!
-//! Raft log replication whose data plane is one-sided RDMA: openraft runs
-//! the protocol; log entries reach followers as records a leader WRITEs
-//! straight into their epoch-fenced WAL rings.
+//! Raft log replication whose data plane is one-sided RDMA. openraft runs
+//! the protocol over two-sided messages; log entries reach followers as
+//! records the leader WRITEs straight into their epoch-fenced WAL rings
+//! (`ringraft-wal`), over any `ringraft-transport` fabric.
 //!
-//! Work in progress: the log store over the ring and the state machine
-//! adapter come first.
+//! - [`types`]: the openraft type configuration, commands and responses;
+//! - [`log_store`]: openraft's log storage over the ring (local appends,
+//!   adoption in place, durability modes, revocation on term change);
+//! - [`state_machine`]: the application's [`StateMachine`] with client
+//!   sessions and durable snapshots;
+//! - [`protocol`]: the control plane's messages;
+//! - [`network`]: the leader side (fence CAS, grants, one-sided appends,
+//!   pipelining, snapshots);
+//! - [`server`]: the follower side (adoption checks, votes, snapshots);
+//! - [`fencing`]: registrations, revocation and the node's own fence;
+//! - [`node`]: the embedding API ([`NodeBuilder`], [`Node`]).
 
+pub mod fencing;
 pub mod log_store;
+pub mod metrics;
+pub mod network;
+pub mod node;
+pub mod protocol;
+pub mod server;
 pub mod state_machine;
 pub mod types;
 
 pub use log_store::{Durability, LocalGuard, LogStore, RingGuard};
+pub use node::{Fabric, Node, NodeBuilder, NodeConfig, NodeError, ReadConsistency, Status};
 pub use state_machine::{Applied, SmStore, StateMachine};
 pub use types::{Command, NodeInfo, Response, Session, TypeConfig};

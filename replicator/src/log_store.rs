@@ -54,8 +54,8 @@ pub enum Durability {
 /// What the store needs from the fabric side of the node.
 pub trait RingGuard: Send + Sync + 'static {
     /// The term advanced: revoke every remote write access to the ring now
-    /// (rotate the data region's rkey).
-    fn revoke(&self);
+    /// (rotate the data region's rkey). An error fails the vote.
+    fn revoke(&self) -> io::Result<()>;
     /// Raise this node's own fence to `epoch` (upward only): through a
     /// loopback connection unless the device has global atomics.
     fn fence_self(&self, epoch: Epoch) -> BoxFuture<'static, io::Result<()>>;
@@ -76,7 +76,9 @@ impl LocalGuard {
 }
 
 impl RingGuard for LocalGuard {
-    fn revoke(&self) {}
+    fn revoke(&self) -> io::Result<()> {
+        Ok(())
+    }
 
     fn fence_self(&self, epoch: Epoch) -> BoxFuture<'static, io::Result<()>> {
         let store = self.store.lock().expect("guard lock").clone();
@@ -119,7 +121,9 @@ fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
 }
 
-fn encode_payload(payload: &openraft::alias::PayloadOf<TypeConfig>) -> io::Result<Vec<u8>> {
+pub(crate) fn encode_payload(
+    payload: &openraft::alias::PayloadOf<TypeConfig>,
+) -> io::Result<Vec<u8>> {
     bincode::serde::encode_to_vec(payload, bincode::config::standard()).map_err(io_err)
 }
 
@@ -279,10 +283,29 @@ impl LogStore {
         true
     }
 
-    /// The adopted tail: where a leader writes next, and the last log id.
-    pub fn tail(&self) -> (u64, Option<LogId>) {
+    /// The adopted tail: where a leader writes next and the chain there.
+    pub fn tail(&self) -> crate::protocol::Tail {
         let wal = self.wal();
-        (wal.ring().tail_lsn(), wal.ring().last_log().map(to_log_id))
+        let ring = wal.ring();
+        let tip = ring.tip();
+        crate::protocol::Tail {
+            next_lsn: ring.tail_lsn(),
+            next_index: tip.next_index,
+            last_term: tip.last_term,
+            epoch: tip.epoch.0,
+            unanchored: tip.unanchored,
+            head_lsn: ring.head_lsn(),
+        }
+    }
+
+    /// The ring's fence.
+    pub fn fence(&self) -> Epoch {
+        self.wal().ring().fence()
+    }
+
+    /// Erases records refused at adoption (nothing was prepared).
+    pub fn reject_written(&self, to_lsn: u64) {
+        self.wal().ring_mut().clear_scratch(to_lsn);
     }
 
     /// The epoch local appends of `max_term` run under: a leader's own (its
@@ -460,7 +483,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let previous_term = self.wal().meta().vote.map(|v| v.term);
         if previous_term.is_none_or(|t| record.term > t) {
             // Fencing: no remote writer keeps access across a term change.
-            self.inner.guard.revoke();
+            self.inner.guard.revoke()?;
         }
         let store = self.clone();
         tokio::task::spawn_blocking(move || store.wal().save_vote(record).map_err(io_err))

@@ -408,10 +408,17 @@ impl Shared {
 }
 
 /// Reads the wire: answers go to the requester, requests to the responder.
+/// What the responder takes, in wire order.
+enum Inbound {
+    Request(u64, Request),
+    /// The peer closed: requests it sent before still execute first.
+    Close(String),
+}
+
 async fn dispatch(
     shared: Arc<Shared>,
     mut incoming: mpsc::UnboundedReceiver<Frame>,
-    to_responder: mpsc::UnboundedSender<(u64, Request)>,
+    to_responder: mpsc::UnboundedSender<Inbound>,
 ) {
     while let Some(frame) = incoming.recv().await {
         match frame {
@@ -421,13 +428,15 @@ async fn dispatch(
                     shared.fail("protocol: the peer floods requests".into(), None);
                     break;
                 }
-                if to_responder.send((seq, req)).is_err() {
+                if to_responder.send(Inbound::Request(seq, req)).is_err() {
                     break;
                 }
             }
             Frame::Close { reason } => {
-                shared.fail(format!("closed by the peer: {reason}"), None);
-                break;
+                if to_responder.send(Inbound::Close(reason.clone())).is_err() {
+                    shared.fail(format!("closed by the peer: {reason}"), None);
+                }
+                return;
             }
         }
     }
@@ -437,11 +446,23 @@ async fn dispatch(
 /// Executes the peer's requests in order and answers them.
 async fn respond(
     shared: Arc<Shared>,
-    mut requests: mpsc::UnboundedReceiver<(u64, Request)>,
+    mut requests: mpsc::UnboundedReceiver<Inbound>,
     responses: mpsc::Sender<Frame>,
 ) {
-    while let Some((seq, req)) = requests.recv().await {
+    while let Some(inbound) = requests.recv().await {
+        let (seq, req) = match inbound {
+            Inbound::Request(seq, req) => (seq, req),
+            Inbound::Close(reason) => {
+                shared.fail(format!("closed by the peer: {reason}"), None);
+                break;
+            }
+        };
         shared.backlog.fetch_sub(1, Ordering::AcqRel);
+        if shared.error.lock().expect("state lock").is_some() {
+            // A queue pair in the error state executes nothing more: what
+            // arrives on it is dropped, as a NIC drops it.
+            break;
+        }
         let access = Access::from_bits_truncate(shared.qp_access.load(Ordering::Acquire));
         // A message is delivered to the application only after its
         // acknowledgement is queued, so that an application that reacts to

@@ -80,6 +80,10 @@ impl SoftDevice {
                 "rejected_handshakes".into(),
                 self.rejected.load(Ordering::Relaxed),
             ),
+            (
+                "refused_requests".into(),
+                self.nic.refused.load(Ordering::Relaxed),
+            ),
         ]
     }
 

@@ -74,6 +74,9 @@ struct Table {
 pub(crate) struct SoftNic {
     table: RwLock<Table>,
     limits: DeviceLimits,
+    /// One-sided requests refused (access or invalid request), like a NIC's
+    /// error counters.
+    pub(crate) refused: std::sync::atomic::AtomicU64,
 }
 
 impl SoftNic {
@@ -81,6 +84,7 @@ impl SoftNic {
         SoftNic {
             table: RwLock::new(Table::default()),
             limits,
+            refused: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -144,6 +148,14 @@ impl SoftNic {
     /// access flags are `qp_access`. SEND is not one-sided: the connection
     /// handles it.
     pub(crate) fn execute(&self, request: &Request, qp_access: Access) -> Result<Done, WcError> {
+        let result = self.execute_checked(request, qp_access);
+        if result.is_err() {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    fn execute_checked(&self, request: &Request, qp_access: Access) -> Result<Done, WcError> {
         let (addr, rkey, len, need) = match request {
             Request::Write {
                 addr, rkey, data, ..

@@ -1,0 +1,275 @@
+//! Fencing: who may write into this node's ring, and this node's own fence.
+//!
+//! DESIGN.md's argument, as this module carries it out:
+//! - the ring's three parts are registered separately (least privilege):
+//!   the data area for remote WRITE only, the fence word for remote READ
+//!   and ATOMIC, the head word for remote READ;
+//! - whenever this node's term advances ([`RingGuard::revoke`], called by
+//!   the log store before it saves the vote) the data area's rkey is rotated:
+//!   every remote writer loses access until a leader of the new term fences
+//!   in;
+//! - a leader CASes a follower's fence to its epoch, then asks for a grant;
+//!   the follower checks that its fence holds that leader's epoch, rotates
+//!   the rkey again (revoking everybody else) and sends the new one to that
+//!   leader only ([`FencedRing::grant`]);
+//! - a node raises its own fence through a loopback connection (a CAS by the
+//!   device, atomic against the device's other atomics), unless the device
+//!   reports global atomics, where a CPU CAS is equivalent.
+
+use std::io;
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+use ringraft_transport::{
+    Access, AtomicCapability, ConnConfig, Connection, Device, MemoryRegion, RemoteRegion,
+};
+use ringraft_wal::{Epoch, RingRegions};
+
+use crate::log_store::{LogStore, RingGuard};
+use crate::protocol::{Hello, decode};
+
+/// The ring's registrations with the fabric.
+pub struct FencedRing {
+    data: Mutex<Option<MemoryRegion>>,
+    fence: Mutex<Option<MemoryRegion>>,
+    head: Mutex<Option<MemoryRegion>>,
+    fence_remote: RemoteRegion,
+    head_remote: RemoteRegion,
+    /// Keeps the ring's mapping alive as long as it is registered.
+    store: Mutex<Option<LogStore>>,
+    rotations: std::sync::atomic::AtomicU64,
+}
+
+impl FencedRing {
+    /// Registers the ring's parts with `device`.
+    ///
+    /// # Safety
+    /// `regions` must stay valid (the ring open) until [`FencedRing::release`]
+    /// or the drop of the returned value: hand the store that owns the ring
+    /// to [`FencedRing::keep_alive`]. The ring code never holds references
+    /// across remote writes (see `ringraft_wal::ring`).
+    pub unsafe fn register(
+        device: &Device,
+        regions: RingRegions,
+    ) -> ringraft_transport::Result<FencedRing> {
+        // SAFETY: forwarded contract; each region lies inside the ring's
+        // mapping.
+        let (data, fence, head) = unsafe {
+            (
+                device.register(
+                    regions.data.addr,
+                    regions.data.len,
+                    Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                )?,
+                device.register(
+                    regions.fence.addr,
+                    regions.fence.len,
+                    Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+                )?,
+                device.register(regions.head.addr, regions.head.len, Access::REMOTE_READ)?,
+            )
+        };
+        Ok(FencedRing {
+            fence_remote: fence.remote(),
+            head_remote: head.remote(),
+            data: Mutex::new(Some(data)),
+            fence: Mutex::new(Some(fence)),
+            head: Mutex::new(Some(head)),
+            store: Mutex::new(None),
+            rotations: Default::default(),
+        })
+    }
+
+    /// Keeps `store` (and so the ring's mapping) alive while registered.
+    pub fn keep_alive(&self, store: LogStore) {
+        *self.store.lock().expect("store lock") = Some(store);
+    }
+
+    /// Deregisters everything (every rkey stops working), then lets the
+    /// store go.
+    pub fn release(&self) {
+        self.data.lock().expect("lock").take();
+        self.fence.lock().expect("lock").take();
+        self.head.lock().expect("lock").take();
+        self.store.lock().expect("lock").take();
+    }
+
+    /// The fence word's descriptor.
+    pub fn fence(&self) -> RemoteRegion {
+        self.fence_remote
+    }
+
+    /// The head word's descriptor.
+    pub fn head(&self) -> RemoteRegion {
+        self.head_remote
+    }
+
+    /// Revokes every remote write access to the data area.
+    pub fn revoke(&self) -> ringraft_transport::Result<RemoteRegion> {
+        let mut data = self.data.lock().expect("data region lock");
+        let region = data
+            .as_mut()
+            .ok_or_else(|| {
+                ringraft_transport::TransportError::Invalid("the ring is released".into())
+            })?
+            .rotate()?;
+        self.rotations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(region)
+    }
+
+    /// Grants write access to the holder of `epoch`, which must be the
+    /// ring's fence: rotates the rkey (nobody else keeps access) and returns
+    /// the new descriptor, or the fence found when it is not `epoch`.
+    pub fn grant(&self, store: &LogStore, epoch: Epoch) -> Result<RemoteRegion, Epoch> {
+        let fence = store.fence();
+        if fence != epoch {
+            return Err(fence);
+        }
+        match self.revoke() {
+            Ok(region) => Ok(region),
+            Err(error) => {
+                tracing::error!(%error, "rkey rotation failed; refusing the grant");
+                Err(fence)
+            }
+        }
+    }
+
+    /// How many times the data area's rkey was rotated.
+    pub fn rotations(&self) -> u64 {
+        self.rotations.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for FencedRing {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// The [`RingGuard`] of a node on a fabric. Clones share it.
+#[derive(Clone)]
+pub struct NodeGuard {
+    inner: Arc<GuardInner>,
+}
+
+struct GuardInner {
+    /// Weak: the ring keeps the store alive, the store keeps this guard.
+    ring: std::sync::Weak<FencedRing>,
+    device: Device,
+    node_id: u64,
+    cluster_id: u64,
+    /// Where this node's own listener is, for the loopback connection.
+    self_addr: String,
+    store: Mutex<Option<LogStore>>,
+    loopback: tokio::sync::Mutex<Option<(Connection, Hello)>>,
+}
+
+impl NodeGuard {
+    /// A guard over `ring`.
+    pub fn new(
+        ring: Arc<FencedRing>,
+        device: Device,
+        node_id: u64,
+        cluster_id: u64,
+        self_addr: String,
+    ) -> NodeGuard {
+        NodeGuard {
+            inner: Arc::new(GuardInner {
+                ring: Arc::downgrade(&ring),
+                device,
+                node_id,
+                cluster_id,
+                self_addr,
+                store: Mutex::new(None),
+                loopback: tokio::sync::Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Binds the guard to its store (for CPU CAS on devices with global
+    /// atomics).
+    pub fn bind(&self, store: &LogStore) {
+        *self.inner.store.lock().expect("store lock") = Some(store.clone());
+    }
+}
+
+impl GuardInner {
+    async fn cas_through_loopback(&self, epoch: Epoch) -> io::Result<()> {
+        let mut guard = self.loopback.lock().await;
+        for _attempt in 0..3 {
+            if guard.as_ref().is_none_or(|(c, _)| c.error().is_some()) {
+                let conn = self
+                    .device
+                    .connect(&self.self_addr, ConnConfig::default(), Vec::new())
+                    .await
+                    .map_err(io::Error::other)?;
+                let hello: Hello =
+                    decode(&conn.peer().reveal.app_data).map_err(io::Error::other)?;
+                if hello.node_id != self.node_id || hello.cluster_id != self.cluster_id {
+                    return Err(io::Error::other(format!(
+                        "loopback to {} reached node {} of cluster {:#x}",
+                        self.self_addr, hello.node_id, hello.cluster_id
+                    )));
+                }
+                *guard = Some((conn, hello));
+            }
+            let (conn, hello) = guard.as_ref().expect("just connected");
+            let result: ringraft_transport::Result<()> = async {
+                loop {
+                    let bytes = conn.read(hello.fence.start(), 8).await?;
+                    let current = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
+                    if current >= epoch.0 {
+                        return Ok(());
+                    }
+                    if conn
+                        .compare_swap(hello.fence.start(), current, epoch.0)
+                        .await?
+                        == current
+                    {
+                        return Ok(());
+                    }
+                }
+            }
+            .await;
+            match result {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "self-fence through loopback failed; reconnecting");
+                    *guard = None;
+                }
+            }
+        }
+        Err(io::Error::other("could not raise this node's own fence"))
+    }
+}
+
+impl RingGuard for NodeGuard {
+    fn revoke(&self) -> io::Result<()> {
+        // Keeping a writer's access across a term change would break
+        // fencing: a failure here fails the vote, and openraft stops.
+        let Some(ring) = self.inner.ring.upgrade() else {
+            // Released: nothing is registered, nothing to revoke.
+            return Ok(());
+        };
+        ring.revoke().map(|_| ()).map_err(|e| {
+            io::Error::other(format!(
+                "cannot revoke remote write access to the ring: {e}"
+            ))
+        })
+    }
+
+    fn fence_self(&self, epoch: Epoch) -> BoxFuture<'static, io::Result<()>> {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            if inner.device.atomic_capability() == AtomicCapability::Global {
+                let store = inner.store.lock().expect("store lock").clone();
+                store
+                    .ok_or_else(|| io::Error::other("guard not bound to its store"))?
+                    .cas_fence_locally(epoch)
+            } else {
+                inner.cas_through_loopback(epoch).await
+            }
+        })
+    }
+}

@@ -1,0 +1,860 @@
+//! The initiator side of the network: openraft's `RaftNetworkV2` over the
+//! fabric, with AppendEntries split into one-sided WRITEs of ring records
+//! and a small two-sided control message.
+//!
+//! For each target, openraft gets a [`PeerNet`]; the replication client
+//! keeps a [`View`] of the follower's ring: the data area's descriptor (its
+//! rkey, granted to this leader only), the follower's adopted tail and the
+//! chain the next record continues, and its head (flow control). Before its
+//! first WRITE in a term it READs the follower's fence and CASes it to its
+//! epoch, stepping down if the fence holds a higher term, then asks for the
+//! grant.
+//!
+//! An AppendEntries goes one-sided when its `prev_log_id` is the follower's
+//! last log id: the entries are encoded as records after the follower's
+//! tip, WRITten into its ring at the tail (never below it: adopted records
+//! are never overwritten from outside), and the control message, SENT on the
+//! same connection after the WRITEs (RC order), names the range. Otherwise
+//! (a conflict, a truncated follower) the entries travel two-sided and the
+//! follower writes them itself. The answer carries the follower's tail,
+//! which corrects the view.
+//!
+//! `stream_append` pipelines: batch k+1 is written and sent before the
+//! answer to batch k, up to [`PIPELINE_DEPTH`] batches.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use openraft::OptionalSend;
+use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult,
+    TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
+};
+use ringraft_transport::{ConnConfig, Connection, Device, Received, RemoteRegion};
+use ringraft_wal::{EntryRef, Epoch, RecordEncoder, WriteBuffer};
+
+use crate::log_store::encode_payload;
+use crate::protocol::{AppendBody, Hello, MAX_PART_BYTES, Reply, Request, Tail, decode, encode};
+use crate::server::encode_entries;
+use crate::types::{NodeInfo, TypeConfig, Vote, term_of};
+
+/// AppendEntries batches in flight per follower.
+pub const PIPELINE_DEPTH: usize = 8;
+/// How long a leader waits for room in a follower's ring (re-reading its
+/// head) before it reports the follower unreachable for now.
+pub const RING_FULL_WAIT: Duration = Duration::from_secs(2);
+
+/// What every client needs.
+pub struct NetCtx {
+    /// The fabric device.
+    pub device: Device,
+    /// This node.
+    pub node_id: u64,
+    /// The cluster.
+    pub cluster_id: u64,
+    /// Connection parameters.
+    pub conn_config: ConnConfig,
+    /// Metrics.
+    pub metrics: Arc<crate::metrics::Metrics>,
+}
+
+/// Creates a client per target (openraft's factory).
+#[derive(Clone)]
+pub struct NetworkFactory {
+    ctx: Arc<NetCtx>,
+}
+
+impl NetworkFactory {
+    /// A factory over `ctx`.
+    pub fn new(ctx: Arc<NetCtx>) -> NetworkFactory {
+        NetworkFactory { ctx }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = PeerNet;
+
+    async fn new_client(&mut self, target: u64, node: &NodeInfo) -> PeerNet {
+        PeerNet::new(self.ctx.clone(), target, node.addr.clone())
+    }
+}
+
+/// A connection to one peer and what was learnt through it.
+struct Link {
+    conn: Connection,
+    hello: Hello,
+}
+
+/// The leader's view of one follower's ring.
+#[derive(Clone, Copy, Debug)]
+struct View {
+    epoch: Epoch,
+    data: RemoteRegion,
+    tail: Tail,
+    capacity: u64,
+}
+
+/// The client of one target. See the module docs.
+pub struct PeerNet {
+    ctx: Arc<NetCtx>,
+    target: u64,
+    addr: String,
+    link: Option<Link>,
+    view: Option<View>,
+}
+
+/// Why an exchange failed.
+#[derive(Debug)]
+enum Failure {
+    /// Could not reach the peer (connect, handshake).
+    Unreachable(String),
+    /// The connection broke or the peer answered nonsense.
+    Network(String),
+    /// The follower's fence holds a higher term: step down.
+    HigherVote(Vote),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Unreachable(s) => write!(f, "unreachable: {s}"),
+            Failure::Network(s) => write!(f, "network: {s}"),
+            Failure::HigherVote(v) => write!(f, "higher vote {v}"),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Message(String);
+impl std::fmt::Display for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for Message {}
+
+fn rpc_error(f: Failure) -> RPCError<TypeConfig> {
+    match f {
+        Failure::Unreachable(s) => RPCError::Unreachable(Unreachable::new(&Message(s))),
+        other => RPCError::Network(NetworkError::new(&Message(other.to_string()))),
+    }
+}
+
+fn streaming_error(f: Failure) -> StreamingError<TypeConfig> {
+    match f {
+        Failure::Unreachable(s) => StreamingError::Unreachable(Unreachable::new(&Message(s))),
+        other => StreamingError::Unreachable(Unreachable::new(&Message(other.to_string()))),
+    }
+}
+
+/// A request in flight: its reply comes in order on the connection.
+struct InFlight {
+    prev: Option<crate::types::LogId>,
+    last: Option<crate::types::LogId>,
+    /// The WRITEs of a one-sided append (their completions tell a fenced-out
+    /// leader apart from a broken link).
+    writes: Vec<ringraft_transport::Completion<()>>,
+    /// When its answer is due.
+    deadline: tokio::time::Instant,
+}
+
+impl PeerNet {
+    fn new(ctx: Arc<NetCtx>, target: u64, addr: String) -> PeerNet {
+        PeerNet {
+            ctx,
+            target,
+            addr,
+            link: None,
+            view: None,
+        }
+    }
+
+    fn drop_link(&mut self, why: &str) {
+        if let Some(link) = self.link.take() {
+            tracing::debug!(target = self.target, why, "dropping the connection");
+            link.conn.close();
+        }
+        self.view = None;
+    }
+
+    async fn link(&mut self) -> Result<&Link, Failure> {
+        if self.link.as_ref().is_some_and(|l| l.conn.error().is_some()) {
+            self.drop_link("in the error state");
+        }
+        if self.link.is_none() {
+            let conn = self
+                .ctx
+                .device
+                .connect(&self.addr, self.ctx.conn_config.clone(), Vec::new())
+                .await
+                .map_err(|e| {
+                    Failure::Unreachable(format!("node {} at {}: {e}", self.target, self.addr))
+                })?;
+            let hello: Hello = decode(&conn.peer().reveal.app_data).map_err(Failure::Network)?;
+            if hello.cluster_id != self.ctx.cluster_id || hello.node_id != self.target {
+                conn.close();
+                return Err(Failure::Unreachable(format!(
+                    "{} is node {} of cluster {:#x}, expected node {} of cluster {:#x}",
+                    self.addr, hello.node_id, hello.cluster_id, self.target, self.ctx.cluster_id
+                )));
+            }
+            self.link = Some(Link { conn, hello });
+        }
+        Ok(self.link.as_ref().expect("just set"))
+    }
+
+    /// Sends a request (after whatever was posted before it on this
+    /// connection).
+    fn post(&mut self, request: &Request) -> Result<(), Failure> {
+        let link = self
+            .link
+            .as_ref()
+            .ok_or_else(|| Failure::Network("not connected".into()))?;
+        let bytes = encode(request).map_err(Failure::Network)?;
+        // The send's own completion is not awaited: the reply implies it.
+        link.conn
+            .post_send(&bytes)
+            .map(drop)
+            .map_err(|e| Failure::Network(e.to_string()))
+    }
+
+    /// Takes the next reply.
+    async fn reply(&mut self, ttl: Duration) -> Result<Reply, Failure> {
+        self.reply_until(tokio::time::Instant::now() + ttl).await
+    }
+
+    /// Takes the next reply, waiting until `deadline` at most. Cancel-safe:
+    /// dropped before it completes, it consumes nothing.
+    async fn reply_until(&mut self, deadline: tokio::time::Instant) -> Result<Reply, Failure> {
+        let link = self
+            .link
+            .as_ref()
+            .ok_or_else(|| Failure::Network("not connected".into()))?;
+        let received = tokio::time::timeout_at(deadline, link.conn.recv()).await;
+        let result = match received {
+            Err(_) => Err(Failure::Network(format!(
+                "no answer from node {} in time",
+                self.target
+            ))),
+            Ok(Err(e)) => Err(Failure::Network(e.to_string())),
+            Ok(Ok(Received::Message(bytes))) => decode::<Reply>(&bytes).map_err(Failure::Network),
+            Ok(Ok(Received::WriteImmediate(_))) => {
+                Err(Failure::Network("unexpected immediate".into()))
+            }
+        };
+        match result {
+            Ok(Reply::Error(e)) => {
+                self.drop_link("the peer answered an error");
+                Err(Failure::Network(format!("node {}: {e}", self.target)))
+            }
+            Ok(reply) => Ok(reply),
+            Err(f) => {
+                self.drop_link("exchange failed");
+                Err(f)
+            }
+        }
+    }
+
+    async fn call(&mut self, request: &Request, ttl: Duration) -> Result<Reply, Failure> {
+        self.link().await?;
+        self.post(request)?;
+        self.reply(ttl).await
+    }
+
+    /// Makes sure this leader holds the follower's fence for `vote` and has
+    /// write access to its data area.
+    async fn ensure_fenced(&mut self, vote: &Vote, ttl: Duration) -> Result<View, Failure> {
+        let epoch = Epoch::new(vote.leader_id.term, self.ctx.node_id)
+            .ok_or_else(|| Failure::Network("term or node id does not fit an epoch".into()))?;
+        if let Some(view) = self.view
+            && view.epoch == epoch
+        {
+            return Ok(view);
+        }
+        self.view = None;
+        let link = self.link().await?;
+        let (conn, fence, capacity) = (link.conn.clone(), link.hello.fence, link.hello.capacity);
+        let transport = |e: ringraft_transport::TransportError| Failure::Network(e.to_string());
+        loop {
+            let bytes = conn.read(fence.start(), 8).await.map_err(transport)?;
+            let current = Epoch(u64::from_le_bytes(bytes.try_into().expect("8 bytes")));
+            if current == epoch {
+                break;
+            }
+            if current > epoch {
+                // A leader of a higher term (or this term's real leader)
+                // holds the fence: this one must step down.
+                let higher = Vote::new(current.term(), current.leader_id());
+                return Err(Failure::HigherVote(higher));
+            }
+            if conn
+                .compare_swap(fence.start(), current.0, epoch.0)
+                .await
+                .map_err(transport)?
+                == current.0
+            {
+                self.ctx.metrics.fence_changes.inc();
+                break;
+            }
+        }
+        match self.call(&Request::Grant { epoch: epoch.0 }, ttl).await? {
+            Reply::Granted { data, tail } => {
+                let view = View {
+                    epoch,
+                    data,
+                    tail,
+                    capacity,
+                };
+                self.view = Some(view);
+                Ok(view)
+            }
+            Reply::NotFenced { fence } => {
+                let fence = Epoch(fence);
+                if fence > epoch {
+                    Err(Failure::HigherVote(Vote::new(
+                        fence.term(),
+                        fence.leader_id(),
+                    )))
+                } else {
+                    Err(Failure::Network(format!("grant refused: fence is {fence}")))
+                }
+            }
+            other => Err(Failure::Network(format!(
+                "unexpected answer to a grant: {other:?}"
+            ))),
+        }
+    }
+
+    /// Re-reads the follower's head until `end_lsn` fits in its ring.
+    async fn wait_for_room(&mut self, view: &mut View, end_lsn: u64) -> Result<(), Failure> {
+        let deadline = tokio::time::Instant::now() + RING_FULL_WAIT;
+        let mut backoff = Duration::from_millis(1);
+        loop {
+            if end_lsn <= view.tail.head_lsn + view.capacity {
+                return Ok(());
+            }
+            let link = self.link().await?;
+            let bytes = link
+                .conn
+                .read(link.hello.head.start(), 8)
+                .await
+                .map_err(|e| Failure::Network(e.to_string()))?;
+            view.tail.head_lsn = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
+            if end_lsn <= view.tail.head_lsn + view.capacity {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(Failure::Unreachable(format!(
+                    "node {}'s ring is full (head {}, need up to {end_lsn})",
+                    self.target, view.tail.head_lsn
+                )));
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// Posts one AppendEntries (WRITEs then SEND, or SEND only); its reply
+    /// is taken later, in order.
+    async fn post_append(
+        &mut self,
+        req: AppendEntriesRequest<TypeConfig>,
+        ttl: Duration,
+    ) -> Result<InFlight, Failure> {
+        let prev = req.prev_log_id;
+        let last = req.entries.last().map(|e| e.log_id).or(prev);
+        self.link().await?;
+        let epoch_of_vote =
+            Epoch::new(req.vote.leader_id.term, self.ctx.node_id).map_or(0, |e| e.0);
+        if req.entries.is_empty() {
+            self.post(&Request::Append {
+                vote: req.vote,
+                prev_log_id: req.prev_log_id,
+                leader_commit: req.leader_commit,
+                epoch: epoch_of_vote,
+                body: AppendBody::Empty,
+            })?;
+            return Ok(InFlight {
+                prev,
+                last,
+                writes: Vec::new(),
+                deadline: tokio::time::Instant::now() + ttl,
+            });
+        }
+        let mut view = self.ensure_fenced(&req.vote, ttl).await?;
+        let mut writes = Vec::new();
+        if view.tail.last_log_id() == req.prev_log_id {
+            writes = self.post_written(&mut view, req).await?;
+        } else {
+            tracing::debug!(
+                target = self.target,
+                prev = ?req.prev_log_id,
+                follower_last = ?view.tail.last_log_id(),
+                "entries travel two-sided"
+            );
+            self.post_inline(req, view.epoch.0, ttl).await?;
+            // The follower's tail is known again from the answer.
+            self.view = None;
+        }
+        Ok(InFlight {
+            prev,
+            last,
+            writes,
+            deadline: tokio::time::Instant::now() + ttl,
+        })
+    }
+
+    async fn post_written(
+        &mut self,
+        view: &mut View,
+        req: AppendEntriesRequest<TypeConfig>,
+    ) -> Result<Vec<ringraft_transport::Completion<()>>, Failure> {
+        let payloads = req
+            .entries
+            .iter()
+            .map(|e| encode_payload(&e.payload))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Failure::Network(e.to_string()))?;
+        let mut encoder = RecordEncoder::new(
+            view.capacity,
+            view.tail.next_lsn,
+            view.tail.chain_tip(),
+            view.epoch,
+        );
+        let mut buffer = WriteBuffer::new(view.capacity, view.tail.next_lsn);
+        for (entry, payload) in req.entries.iter().zip(&payloads) {
+            encoder
+                .push(
+                    &mut buffer,
+                    &EntryRef {
+                        term: term_of(&entry.log_id),
+                        index: entry.log_id.index,
+                        payload,
+                    },
+                )
+                .map_err(|e| {
+                    Failure::Network(format!(
+                        "entries do not continue node {}'s log: {e}",
+                        self.target
+                    ))
+                })?;
+        }
+        self.wait_for_room(view, buffer.end_lsn()).await?;
+        let link = self
+            .link
+            .as_ref()
+            .ok_or_else(|| Failure::Network("not connected".into()))?;
+        let mut writes = Vec::with_capacity(buffer.segments().len());
+        for segment in buffer.segments() {
+            let at = view
+                .data
+                .at(segment.physical, segment.bytes.len() as u64)
+                .ok_or_else(|| Failure::Network("records outside the data area".into()))?;
+            // Posted, not awaited: a failed WRITE puts the connection in the
+            // error state, which the reply then reports.
+            writes.push(
+                link.conn
+                    .post_write(at, &segment.bytes)
+                    .map_err(|e| Failure::Network(e.to_string()))?,
+            );
+        }
+        let last = req.entries.last().expect("non-empty").log_id;
+        self.ctx
+            .metrics
+            .bytes_written
+            .inc_by(buffer.byte_len() as u64);
+        tracing::trace!(
+            target = self.target,
+            epoch = %view.epoch,
+            from = buffer.start_lsn(),
+            to = buffer.end_lsn(),
+            entries = req.entries.len(),
+            "one-sided batch posted"
+        );
+        let request = Request::Append {
+            vote: req.vote,
+            prev_log_id: req.prev_log_id,
+            leader_commit: req.leader_commit,
+            epoch: view.epoch.0,
+            body: AppendBody::Written {
+                from_lsn: buffer.start_lsn(),
+                to_lsn: buffer.end_lsn(),
+                count: req.entries.len() as u64,
+                last,
+            },
+        };
+        self.post(&request)?;
+        // Pipelining: the next batch continues from here.
+        let tip = encoder.tip();
+        view.tail.next_lsn = encoder.next_lsn();
+        view.tail.next_index = tip.next_index;
+        view.tail.last_term = tip.last_term;
+        view.tail.epoch = tip.epoch.0;
+        view.tail.unanchored = tip.unanchored;
+        self.view = Some(*view);
+        Ok(writes)
+    }
+
+    async fn post_inline(
+        &mut self,
+        req: AppendEntriesRequest<TypeConfig>,
+        epoch: u64,
+        ttl: Duration,
+    ) -> Result<(), Failure> {
+        let bytes = encode_entries(&req.entries).map_err(Failure::Network)?;
+        let parts: Vec<&[u8]> = bytes.chunks(MAX_PART_BYTES).collect();
+        let n = parts.len() as u32;
+        for (k, part) in parts.iter().enumerate() {
+            let request = Request::Append {
+                vote: req.vote,
+                prev_log_id: req.prev_log_id,
+                leader_commit: req.leader_commit,
+                epoch,
+                body: AppendBody::Inline {
+                    part: k as u32,
+                    parts: n,
+                    bytes: part.to_vec(),
+                },
+            };
+            self.post(&request)?;
+            if (k as u32) + 1 < n {
+                match self.reply(ttl).await? {
+                    Reply::PartStored => {}
+                    other => {
+                        return Err(Failure::Network(format!(
+                            "unexpected answer to a part: {other:?}"
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the reply of a posted AppendEntries.
+    async fn take_append(
+        &mut self,
+        inflight: InFlight,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, Failure> {
+        let reply = self.reply_until(inflight.deadline).await;
+        self.handle_append_reply(inflight, reply).await
+    }
+
+    /// Interprets the reply of a posted AppendEntries.
+    async fn handle_append_reply(
+        &mut self,
+        inflight: InFlight,
+        reply: Result<Reply, Failure>,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, Failure> {
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(f) => {
+                // Was this leader fenced out (its rkey revoked, or its queue
+                // pair denied REMOTE_WRITE)? Then a higher term exists.
+                for write in inflight.writes {
+                    if let Ok(Err(e)) =
+                        tokio::time::timeout(Duration::from_millis(100), write).await
+                        && e.wc().is_some_and(|w| w.is_access_denied())
+                    {
+                        self.ctx.metrics.fenced_writes.inc();
+                        tracing::info!(
+                            target = self.target,
+                            "WRITE refused by the follower's NIC: fenced out"
+                        );
+                        break;
+                    }
+                }
+                return Err(f);
+            }
+        };
+        match reply {
+            Reply::Appended { response, tail } => {
+                if !response.is_success() {
+                    // Conflict or higher vote: the pipeline restarts from the
+                    // follower's real tail.
+                    self.view = None;
+                } else if let Some(view) = self.view.as_mut()
+                    && view.tail.next_lsn < tail.next_lsn
+                {
+                    view.tail = tail;
+                }
+                Ok(response)
+            }
+            Reply::NotFenced { fence } => {
+                self.view = None;
+                let fence = Epoch(fence);
+                Err(Failure::Network(format!(
+                    "node {} is fenced by {fence}",
+                    self.target
+                )))
+            }
+            Reply::Rejected { reason, .. } => {
+                self.view = None;
+                self.ctx.metrics.rejected_records.inc();
+                Err(Failure::Network(format!(
+                    "node {} refused the written records: {reason}",
+                    self.target
+                )))
+            }
+            other => Err(Failure::Network(format!(
+                "unexpected answer to an append: {other:?}"
+            ))),
+        }
+    }
+}
+
+fn higher_vote_response(v: Vote) -> AppendEntriesResponse<TypeConfig> {
+    AppendEntriesResponse::HigherVote(v)
+}
+
+impl RaftNetworkV2<TypeConfig> for PeerNet {
+    type SnapshotData = Vec<u8>;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let ttl = option.hard_ttl();
+        let inflight = match self.post_append(rpc, ttl).await {
+            Ok(inflight) => inflight,
+            Err(Failure::HigherVote(v)) => return Ok(higher_vote_response(v)),
+            Err(f) => {
+                self.drop_link("append failed");
+                return Err(rpc_error(f));
+            }
+        };
+        self.take_append(inflight).await.map_err(rpc_error)
+    }
+
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<
+        's,
+        Result<
+            BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>,
+            RPCError<TypeConfig>,
+        >,
+    >
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
+    {
+        Box::pin(async move {
+            let state = Pipeline {
+                net: self,
+                input,
+                inflight: VecDeque::new(),
+                input_done: false,
+                stopped: false,
+                ttl: option.hard_ttl(),
+            };
+            let stream = futures::stream::unfold(state, |mut state| async move {
+                let item = state.next().await?;
+                Some((item, state))
+            });
+            Ok(stream.boxed())
+        })
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        match self
+            .call(&Request::Vote(rpc), option.hard_ttl())
+            .await
+            .map_err(rpc_error)?
+        {
+            Reply::Voted(resp) => Ok(resp),
+            other => Err(rpc_error(Failure::Network(format!(
+                "unexpected answer to a vote: {other:?}"
+            )))),
+        }
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        match self
+            .call(&Request::PreVote(rpc), option.hard_ttl())
+            .await
+            .map_err(rpc_error)?
+        {
+            Reply::Voted(resp) => Ok(resp),
+            other => Err(rpc_error(Failure::Network(format!(
+                "unexpected answer to a pre-vote: {other:?}"
+            )))),
+        }
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: openraft::alias::SnapshotOf<TypeConfig, Vec<u8>>,
+        cancel: impl std::future::Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let ttl = option.hard_ttl();
+        let total = snapshot.snapshot.len() as u64;
+        let send = async {
+            let mut offset = 0u64;
+            let chunks: Vec<&[u8]> = if snapshot.snapshot.is_empty() {
+                vec![&[][..]]
+            } else {
+                snapshot.snapshot.chunks(MAX_PART_BYTES).collect()
+            };
+            for chunk in chunks {
+                let request = Request::Snapshot {
+                    vote,
+                    meta: snapshot.meta.clone(),
+                    offset,
+                    total,
+                    data: chunk.to_vec(),
+                };
+                offset += chunk.len() as u64;
+                match self.call(&request, ttl).await? {
+                    Reply::PartStored if offset < total => {}
+                    Reply::Installed(resp) if offset == total => return Ok(resp),
+                    other => {
+                        return Err(Failure::Network(format!(
+                            "unexpected answer to a snapshot part: {other:?}"
+                        )));
+                    }
+                }
+            }
+            Err(Failure::Network("snapshot ended without an answer".into()))
+        };
+        tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            result = send => result.map_err(streaming_error),
+        }
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        match self
+            .call(&Request::TransferLeader(req), option.hard_ttl())
+            .await
+            .map_err(rpc_error)?
+        {
+            Reply::Transferred(resp) => Ok(resp),
+            other => Err(rpc_error(Failure::Network(format!(
+                "unexpected answer to a transfer: {other:?}"
+            )))),
+        }
+    }
+}
+
+/// The state of a pipelined `stream_append`.
+struct Pipeline<'s, S> {
+    net: &'s mut PeerNet,
+    input: S,
+    inflight: VecDeque<InFlight>,
+    input_done: bool,
+    stopped: bool,
+    ttl: Duration,
+}
+
+impl<S> Pipeline<'_, S>
+where
+    S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
+{
+    /// Posts `req`; on failure the stream ends with the error.
+    async fn post(
+        &mut self,
+        req: AppendEntriesRequest<TypeConfig>,
+    ) -> Option<Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>> {
+        match self.net.post_append(req, self.ttl).await {
+            Ok(inflight) => {
+                self.inflight.push_back(inflight);
+                None
+            }
+            Err(Failure::HigherVote(v)) => {
+                self.stopped = true;
+                Some(Ok(Err(openraft::raft::StreamAppendError::HigherVote(v))))
+            }
+            Err(f) => {
+                self.stopped = true;
+                self.net.drop_link("pipelined append failed");
+                Some(Err(rpc_error(f)))
+            }
+        }
+    }
+
+    /// The next result. While answers are pending, new requests are posted
+    /// as soon as they come (up to [`PIPELINE_DEPTH`] in flight): batch k+1
+    /// is written before the answer to batch k.
+    async fn next(
+        &mut self,
+    ) -> Option<Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>> {
+        enum Event {
+            Answer(Result<Reply, Failure>),
+            Input(Option<AppendEntriesRequest<TypeConfig>>),
+        }
+        loop {
+            if self.stopped {
+                return None;
+            }
+            let can_post = !self.input_done && self.inflight.len() < PIPELINE_DEPTH;
+            let event = match self.inflight.front().map(|f| f.deadline) {
+                None if can_post => Event::Input(self.input.next().await),
+                None => return None,
+                Some(deadline) if can_post => {
+                    tokio::select! {
+                        biased;
+                        answer = self.net.reply_until(deadline) => Event::Answer(answer),
+                        input = self.input.next() => Event::Input(input),
+                    }
+                }
+                Some(deadline) => Event::Answer(self.net.reply_until(deadline).await),
+            };
+            match event {
+                Event::Input(None) => self.input_done = true,
+                Event::Input(Some(req)) => {
+                    if let Some(out) = self.post(req).await {
+                        return Some(out);
+                    }
+                }
+                Event::Answer(answer) => {
+                    let inflight = self
+                        .inflight
+                        .pop_front()
+                        .expect("an answer to something in flight");
+                    let (prev, last) = (inflight.prev, inflight.last);
+                    return match self.net.handle_append_reply(inflight, answer).await {
+                        Ok(resp) => {
+                            let partial = match &resp {
+                                AppendEntriesResponse::PartialSuccess(p) => Some(*p),
+                                _ => None,
+                            };
+                            let result = resp.into_stream_result(prev, last);
+                            if result.is_err() || partial.is_some_and(|p| p != last) {
+                                self.stopped = true;
+                            }
+                            Some(Ok(result))
+                        }
+                        Err(f) => {
+                            self.stopped = true;
+                            self.net.drop_link("pipelined answer failed");
+                            Some(Err(rpc_error(f)))
+                        }
+                    };
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,686 @@
+//! The embedding API: a [`Node`] is one member of a ringraft cluster inside
+//! the application's process.
+//!
+//! ```no_run
+//! # async fn demo(sm: impl ringraft::StateMachine) -> Result<(), ringraft::NodeError> {
+//! use ringraft::{Fabric, NodeBuilder, NodeConfig, ReadConsistency};
+//! let mut config = NodeConfig::new(1, "/var/lib/app/raft", "10.0.0.1:7100");
+//! config.peers = [(1, "10.0.0.1:7100".into()), (2, "10.0.0.2:7100".into()), (3, "10.0.0.3:7100".into())].into();
+//! let node = NodeBuilder::new(config)
+//!     .fabric(Fabric::Auto { rdma_device: None })
+//!     .secret(b"a cluster secret of 16+ bytes".to_vec())
+//!     .state_machine(sm)
+//!     .start()
+//!     .await?;
+//! node.initialize().await?; // on one node, once
+//! let (index, answer) = node.propose(b"set x 1".to_vec()).await?;
+//! let value = node.read(ReadConsistency::Linearizable, |sm| sm.snapshot().len()).await?;
+//! node.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{ChangeMembers, ReadPolicy, SnapshotPolicy};
+use ringraft_transport::{ConnConfig, Device, DeviceConfig, DeviceLimits, Secret};
+use ringraft_wal::{RingConfig, Wal};
+
+use crate::fencing::{FencedRing, NodeGuard};
+use crate::log_store::{Durability, LogStore};
+use crate::metrics::Metrics;
+use crate::network::{NetCtx, NetworkFactory};
+use crate::protocol::{Hello, MAX_MESSAGE_BYTES, encode};
+use crate::server::{self, ServerCtx};
+use crate::state_machine::{SmStore, StateMachine};
+use crate::types::{Command, NodeInfo, Raft, Response, Session, TypeConfig};
+
+/// Which fabric a node uses.
+#[derive(Clone, Debug)]
+pub enum Fabric {
+    /// The software RNIC over TCP.
+    Tcp,
+    /// A node of an in-process fabric (tests).
+    Inproc(ringraft_transport::inproc::Fabric),
+    /// A real RDMA device (the first active one when `None`).
+    Rdma {
+        /// Device name, e.g. `rxe0`.
+        device: Option<String>,
+    },
+    /// `rdma` when the build has it and a device is active, else `tcp`.
+    Auto {
+        /// Device name for rdma.
+        rdma_device: Option<String>,
+    },
+}
+
+/// A node's configuration.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// This node's id (at most 65535: it is packed into fence epochs).
+    pub id: u64,
+    /// The cluster's id; data directories and peers of another cluster are
+    /// refused.
+    pub cluster_id: u64,
+    /// The control-plane and fabric address (`host:port`; any name on the
+    /// inproc fabric).
+    pub listen: String,
+    /// The initial voters, by id and listen address (this node included),
+    /// used by [`Node::initialize`].
+    pub peers: BTreeMap<u64, String>,
+    /// Where the ring, the metadata file and the snapshot live.
+    pub data_dir: PathBuf,
+    /// When an entry counts as stored.
+    pub durability: Durability,
+    /// Ring data area capacity, bytes (power of two, >= 1 MiB).
+    pub ring_capacity: u64,
+    /// Largest record payload, bytes.
+    pub max_record_bytes: u64,
+    /// Lock the ring in memory.
+    pub lock_memory: bool,
+    /// Election timeout range, milliseconds.
+    pub election_timeout_ms: (u64, u64),
+    /// Heartbeat interval, milliseconds.
+    pub heartbeat_ms: u64,
+    /// Take a snapshot every this many entries.
+    pub snapshot_every_entries: u64,
+    /// Entries kept in the log behind the last snapshot.
+    pub keep_after_snapshot: u64,
+    /// Queue pair parameters of every connection.
+    pub conn: ConnConfig,
+}
+
+impl NodeConfig {
+    /// A configuration with defaults: memory durability, 64 MiB ring,
+    /// 1 MiB records, 150..300 ms elections, 50 ms heartbeats.
+    pub fn new(id: u64, data_dir: impl Into<PathBuf>, listen: impl Into<String>) -> NodeConfig {
+        NodeConfig {
+            id,
+            cluster_id: 0x5249_4e47,
+            listen: listen.into(),
+            peers: BTreeMap::new(),
+            data_dir: data_dir.into(),
+            durability: Durability::Memory,
+            ring_capacity: 64 << 20,
+            max_record_bytes: 1 << 20,
+            lock_memory: true,
+            election_timeout_ms: (150, 300),
+            heartbeat_ms: 50,
+            snapshot_every_entries: 10_000,
+            keep_after_snapshot: 100,
+            conn: ConnConfig {
+                max_message_bytes: MAX_MESSAGE_BYTES,
+                ..ConnConfig::default()
+            },
+        }
+    }
+}
+
+/// How a read is made consistent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadConsistency {
+    /// Linearizable: the leader confirms its leadership with a quorum
+    /// (ReadIndex), then the read waits until this node applied that far.
+    Linearizable,
+    /// Linearizable under the leader's lease (no quorum round trip; assumes
+    /// bounded clock drift).
+    Lease,
+    /// Whatever this node applied (may be stale).
+    Stale,
+}
+
+/// Errors of the node API.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// This node is not the leader; the leader, if known.
+    #[error("not the leader; leader is {leader_id:?} at {leader_addr:?}")]
+    NotLeader {
+        /// The leader's id.
+        leader_id: Option<u64>,
+        /// The leader's address.
+        leader_addr: Option<String>,
+    },
+    /// A configuration value is wrong.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The data directory cannot be used.
+    #[error("storage: {0}")]
+    Storage(String),
+    /// The fabric cannot be used.
+    #[error("fabric: {0}")]
+    Fabric(String),
+    /// The outcome is unknown (the leader changed under the proposal); retry
+    /// with the same session to get exactly-once.
+    #[error("outcome unknown: {0}")]
+    Unknown(String),
+    /// The node stopped.
+    #[error("the node stopped: {0}")]
+    Stopped(String),
+    /// Anything else openraft reports.
+    #[error("{0}")]
+    Raft(String),
+    /// A wait timed out.
+    #[error("timed out: {0}")]
+    Timeout(String),
+}
+
+/// Builds and starts a [`Node`].
+pub struct NodeBuilder {
+    config: NodeConfig,
+    fabric: Fabric,
+    secret: Option<Vec<u8>>,
+    state_machine: Option<Box<dyn StateMachine>>,
+}
+
+impl NodeBuilder {
+    /// A builder; the fabric defaults to [`Fabric::Auto`].
+    pub fn new(config: NodeConfig) -> NodeBuilder {
+        NodeBuilder {
+            config,
+            fabric: Fabric::Auto { rdma_device: None },
+            secret: None,
+            state_machine: None,
+        }
+    }
+
+    /// The fabric.
+    pub fn fabric(mut self, fabric: Fabric) -> NodeBuilder {
+        self.fabric = fabric;
+        self
+    }
+
+    /// The cluster secret (at least 16 bytes), proven in every handshake.
+    pub fn secret(mut self, secret: impl Into<Vec<u8>>) -> NodeBuilder {
+        self.secret = Some(secret.into());
+        self
+    }
+
+    /// The application's state machine.
+    pub fn state_machine(mut self, sm: impl StateMachine) -> NodeBuilder {
+        self.state_machine = Some(Box::new(sm));
+        self
+    }
+
+    /// Opens the data directory, registers the ring with the fabric, starts
+    /// listening and starts Raft.
+    pub async fn start(self) -> Result<Node, NodeError> {
+        let NodeBuilder {
+            config,
+            fabric,
+            secret,
+            state_machine,
+        } = self;
+        let secret =
+            Secret::new(secret.ok_or_else(|| NodeError::Config("no cluster secret".into()))?)
+                .map_err(|e| NodeError::Config(e.to_string()))?;
+        let sm = state_machine.ok_or_else(|| NodeError::Config("no state machine".into()))?;
+        config.conn.validate().map_err(NodeError::Config)?;
+        let device_config = DeviceConfig {
+            node_id: config.id,
+            secret,
+            limits: DeviceLimits::default(),
+        };
+        let device = match &fabric {
+            Fabric::Tcp => Device::tcp(device_config),
+            Fabric::Inproc(f) => f.device(&config.listen, device_config),
+            Fabric::Rdma { device } => Device::open(
+                ringraft_transport::Backend::Rdma,
+                device.as_deref(),
+                device_config,
+            )
+            .map_err(|e| NodeError::Fabric(e.to_string()))?,
+            Fabric::Auto { rdma_device } => Device::auto(rdma_device.as_deref(), device_config),
+        };
+        let ring_config = RingConfig {
+            capacity: config.ring_capacity,
+            max_record_bytes: config.max_record_bytes,
+            cluster_id: config.cluster_id,
+            node_id: config.id,
+            lock_memory: config.lock_memory,
+        };
+        let wal = Wal::open(&config.data_dir, &ring_config)
+            .map_err(|e| NodeError::Storage(e.to_string()))?;
+        let regions = wal.ring().regions();
+        let capacity = wal.ring().geometry().capacity;
+        let incarnation = wal.ring().header().incarnation;
+        // SAFETY: the ring's mapping lives in the wal, which the store owns;
+        // `FencedRing` keeps a clone of the store (below) so the mapping
+        // outlives the registrations.
+        let ring = Arc::new(
+            unsafe { FencedRing::register(&device, regions) }
+                .map_err(|e| NodeError::Fabric(e.to_string()))?,
+        );
+        let guard = NodeGuard::new(
+            ring.clone(),
+            device.clone(),
+            config.id,
+            config.cluster_id,
+            config.listen.clone(),
+        );
+        let store = LogStore::new(wal, config.id, config.durability, Arc::new(guard.clone()));
+        guard.bind(&store);
+        ring.keep_alive(store.clone());
+        let sm_store = SmStore::open(sm, Some(&config.data_dir))
+            .map_err(|e| NodeError::Storage(e.to_string()))?;
+
+        let hello = Hello {
+            cluster_id: config.cluster_id,
+            node_id: config.id,
+            fence: ring.fence(),
+            head: ring.head(),
+            capacity,
+            incarnation,
+        };
+        let hello_bytes = encode(&hello).map_err(NodeError::Config)?;
+        let listener = device
+            .listen(
+                &config.listen,
+                config.conn.clone(),
+                ringraft_transport::reveal_to_all(hello_bytes),
+            )
+            .await
+            .map_err(|e| NodeError::Fabric(format!("listen on {}: {e}", config.listen)))?;
+        let listen_addr = listener.local_addr();
+
+        let raft_config = openraft::Config {
+            cluster_name: format!("ringraft-{:x}", config.cluster_id),
+            election_timeout_min: config.election_timeout_ms.0,
+            election_timeout_max: config.election_timeout_ms.1,
+            heartbeat_interval: config.heartbeat_ms,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
+            max_in_snapshot_log_to_keep: config.keep_after_snapshot,
+            max_payload_entries: 256,
+            // A follower's log can legitimately revert: a torn tail after a
+            // crash, a damaged ring truncated at recovery (DESIGN.md,
+            // recovery). Safety is kept by the voting rule for logs corrupt
+            // inside, not by forbidding reversion, which openraft would
+            // answer with a panic of the leader.
+            allow_log_reversion: Some(true),
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| NodeError::Config(e.to_string()))?;
+        let metrics = Arc::new(Metrics::default());
+        let net = NetworkFactory::new(Arc::new(NetCtx {
+            device: device.clone(),
+            node_id: config.id,
+            cluster_id: config.cluster_id,
+            conn_config: config.conn.clone(),
+            metrics: metrics.clone(),
+        }));
+        let raft = Raft::new(
+            config.id,
+            Arc::new(raft_config),
+            net,
+            store.clone(),
+            sm_store.clone(),
+        )
+        .await
+        .map_err(|e| NodeError::Raft(e.to_string()))?;
+        let server = server::spawn(
+            listener,
+            Arc::new(ServerCtx {
+                raft: raft.clone(),
+                store: store.clone(),
+                ring: ring.clone(),
+            }),
+        );
+        let pressure = tokio::spawn(relieve_ring_pressure(raft.clone(), store.clone()));
+        let mut tasks = vec![server, pressure];
+        if store.votes_blocked() {
+            // DESIGN.md, recovery: a node that forgot entries inside its log
+            // neither votes (the server refuses) nor stands for election until
+            // a leader re-replicated past the break.
+            raft.runtime_config().elect(false);
+            tasks.push(tokio::spawn(reenable_elections(
+                raft.clone(),
+                store.clone(),
+            )));
+        }
+        tracing::info!(
+            node = config.id,
+            listen = %listen_addr,
+            backend = %device.backend(),
+            durability = ?config.durability,
+            "node started"
+        );
+        Ok(Node {
+            inner: Arc::new(Inner {
+                config,
+                listen_addr,
+                device,
+                raft,
+                store,
+                sm: sm_store,
+                ring,
+                metrics,
+                tasks,
+            }),
+        })
+    }
+}
+
+/// Triggers a snapshot (and so a purge) when the ring fills past half, so
+/// that a writer never waits long for room.
+async fn relieve_ring_pressure(raft: Raft, store: LogStore) {
+    let mut last_trigger: Option<Instant> = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (used, capacity) = store.with_wal(|w| {
+            let r = w.ring();
+            (r.tail_lsn() - r.head_lsn(), r.geometry().capacity)
+        });
+        if used * 2 > capacity && last_trigger.is_none_or(|t| t.elapsed() > Duration::from_secs(1))
+        {
+            tracing::debug!(used, capacity, "ring half full: snapshot to purge");
+            if raft.trigger().snapshot().await.is_err() {
+                return;
+            }
+            last_trigger = Some(Instant::now());
+        }
+    }
+}
+
+async fn reenable_elections(raft: Raft, store: LogStore) {
+    while store.votes_blocked() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    raft.runtime_config().elect(true);
+}
+
+struct Inner {
+    config: NodeConfig,
+    listen_addr: String,
+    device: Device,
+    raft: Raft,
+    store: LogStore,
+    sm: SmStore,
+    ring: Arc<FencedRing>,
+    metrics: Arc<Metrics>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// A running member of a cluster. Clones share it.
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<Inner>,
+}
+
+/// A short summary of a node's view.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Status {
+    /// This node.
+    pub id: u64,
+    /// Its role.
+    pub state: String,
+    /// The leader it knows.
+    pub leader_id: Option<u64>,
+    /// The current term.
+    pub term: u64,
+    /// The last log index.
+    pub last_log_index: Option<u64>,
+    /// The committed index.
+    pub commit_index: Option<u64>,
+    /// The applied index.
+    pub applied_index: Option<u64>,
+    /// Voters.
+    pub voters: BTreeSet<u64>,
+    /// Learners.
+    pub learners: BTreeSet<u64>,
+    /// Members' addresses.
+    pub members: BTreeMap<u64, String>,
+}
+
+fn raft_error<E: std::fmt::Display + std::fmt::Debug>(e: RaftError<TypeConfig, E>) -> NodeError {
+    match e {
+        RaftError::Fatal(f) => NodeError::Stopped(f.to_string()),
+        RaftError::APIError(e) => NodeError::Raft(e.to_string()),
+    }
+}
+
+impl Node {
+    /// This node's id.
+    pub fn id(&self) -> u64 {
+        self.inner.config.id
+    }
+
+    /// The address it listens on.
+    pub fn listen_addr(&self) -> &str {
+        &self.inner.listen_addr
+    }
+
+    /// The openraft handle (for what this API does not cover).
+    pub fn raft(&self) -> &Raft {
+        &self.inner.raft
+    }
+
+    /// The log store.
+    pub fn log_store(&self) -> &LogStore {
+        &self.inner.store
+    }
+
+    /// Data-plane metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// How many times the ring's data rkey was rotated (term changes and
+    /// grants).
+    pub fn rkey_rotations(&self) -> u64 {
+        self.inner.ring.rotations()
+    }
+
+    /// The fabric device.
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// Initializes the cluster with the configured peers as voters. Harmless
+    /// when the cluster is already initialized (here or elsewhere).
+    pub async fn initialize(&self) -> Result<(), NodeError> {
+        let members: BTreeMap<u64, NodeInfo> = self
+            .inner
+            .config
+            .peers
+            .iter()
+            .map(|(id, addr)| (*id, NodeInfo { addr: addr.clone() }))
+            .collect();
+        if members.is_empty() {
+            return Err(NodeError::Config("no peers to initialize with".into()));
+        }
+        match self.inner.raft.initialize(members).await {
+            Ok(()) => Ok(()),
+            Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => Ok(()),
+            Err(e) => Err(raft_error(e)),
+        }
+    }
+
+    /// Appends `data`, waits until it is committed and applied, and returns
+    /// its index and the state machine's answer. Concurrent proposals are
+    /// batched by openraft.
+    pub async fn propose(&self, data: Vec<u8>) -> Result<(u64, Vec<u8>), NodeError> {
+        let r = self
+            .write(Command {
+                session: None,
+                data,
+            })
+            .await?;
+        Ok((r.index, r.data))
+    }
+
+    /// Appends `data` in a client session: a retry with the same session is
+    /// answered with the original result instead of being applied again.
+    pub async fn propose_in_session(
+        &self,
+        session: Session,
+        data: Vec<u8>,
+    ) -> Result<Response, NodeError> {
+        self.write(Command {
+            session: Some(session),
+            data,
+        })
+        .await
+    }
+
+    async fn write(&self, command: Command) -> Result<Response, NodeError> {
+        let started = Instant::now();
+        let result = self.inner.raft.client_write(command).await;
+        match result {
+            Ok(resp) => {
+                self.inner.metrics.commit_latency.observe(started.elapsed());
+                self.inner.metrics.proposals.inc();
+                Ok(resp.data)
+            }
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(NodeError::NotLeader {
+                    leader_id: f.leader_id,
+                    leader_addr: f.leader_node.map(|n| n.addr),
+                })
+            }
+            Err(RaftError::APIError(e)) => Err(NodeError::Unknown(e.to_string())),
+            Err(RaftError::Fatal(f)) => Err(NodeError::Stopped(f.to_string())),
+        }
+    }
+
+    /// Reads the state machine with the given consistency. Linearizable and
+    /// lease reads are served by the leader (others answer
+    /// [`NodeError::NotLeader`]); the daemon forwards them.
+    pub async fn read<T>(
+        &self,
+        consistency: ReadConsistency,
+        f: impl FnOnce(&dyn StateMachine) -> T,
+    ) -> Result<T, NodeError> {
+        let policy = match consistency {
+            ReadConsistency::Stale => None,
+            ReadConsistency::Linearizable => Some(ReadPolicy::ReadIndex),
+            ReadConsistency::Lease => Some(ReadPolicy::LeaseRead),
+        };
+        if let Some(policy) = policy {
+            self.inner
+                .raft
+                .ensure_linearizable(policy)
+                .await
+                .map_err(|e| match e {
+                    RaftError::APIError(
+                        openraft::error::LinearizableReadError::ForwardToLeader(f),
+                    ) => NodeError::NotLeader {
+                        leader_id: f.leader_id,
+                        leader_addr: f.leader_node.map(|n| n.addr),
+                    },
+                    other => raft_error(other),
+                })?;
+        }
+        Ok(self.inner.sm.read(f).await)
+    }
+
+    /// Waits until this node applied at least `index`.
+    pub async fn wait_applied(&self, index: u64, timeout: Duration) -> Result<(), NodeError> {
+        self.inner
+            .raft
+            .wait(Some(timeout))
+            .applied_index_at_least(Some(index), "wait_applied")
+            .await
+            .map(|_| ())
+            .map_err(|e| NodeError::Timeout(e.to_string()))
+    }
+
+    /// Adds a learner (a non-voting member that receives the log).
+    pub async fn add_learner(&self, id: u64, addr: String) -> Result<(), NodeError> {
+        self.inner
+            .raft
+            .add_learner(id, NodeInfo { addr }, true)
+            .await
+            .map(|_| ())
+            .map_err(raft_error)
+    }
+
+    /// Makes learners `ids` voters.
+    pub async fn promote(&self, ids: BTreeSet<u64>) -> Result<(), NodeError> {
+        self.inner
+            .raft
+            .change_membership(ChangeMembers::AddVoterIds(ids), false)
+            .await
+            .map(|_| ())
+            .map_err(raft_error)
+    }
+
+    /// Removes members `ids` (voters are demoted and removed).
+    pub async fn remove(&self, ids: BTreeSet<u64>) -> Result<(), NodeError> {
+        self.inner
+            .raft
+            .change_membership(ChangeMembers::RemoveVoters(ids.clone()), false)
+            .await
+            .map_err(raft_error)?;
+        self.inner
+            .raft
+            .change_membership(ChangeMembers::RemoveNodes(ids), false)
+            .await
+            .map(|_| ())
+            .map_err(raft_error)
+    }
+
+    /// Asks the leader to hand leadership to `to`.
+    pub async fn transfer_leader(&self, to: u64) -> Result<(), NodeError> {
+        self.inner
+            .raft
+            .trigger()
+            .transfer_leader(to)
+            .await
+            .map_err(|e| NodeError::Stopped(e.to_string()))
+    }
+
+    /// openraft's metrics, as a watch (`changed().await`, `borrow_watched()`
+    /// through [`openraft::async_runtime::WatchReceiver`]).
+    pub fn watch(
+        &self,
+    ) -> openraft::alias::WatchReceiverOf<TypeConfig, openraft::RaftMetrics<TypeConfig>> {
+        self.inner.raft.metrics()
+    }
+
+    /// This node's current view.
+    pub fn status(&self) -> Status {
+        use openraft::async_runtime::WatchReceiver;
+        let m = self.inner.raft.metrics().borrow_watched().clone();
+        let membership = m.membership_config.membership();
+        Status {
+            id: m.id,
+            state: format!("{:?}", m.state),
+            leader_id: m.current_leader,
+            term: m.current_term,
+            last_log_index: m.last_log_index,
+            commit_index: m.cluster_committed.map(|c| c.index),
+            applied_index: m.last_applied.map(|a| a.index),
+            voters: membership.voter_ids().collect(),
+            learners: membership.learner_ids().collect(),
+            members: membership
+                .nodes()
+                .map(|(id, n)| (*id, n.addr.clone()))
+                .collect(),
+        }
+    }
+
+    /// Stops Raft and the fabric side gracefully: pending IO is flushed.
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.inner.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown");
+        }
+        for task in &self.inner.tasks {
+            task.abort();
+        }
+        if self.inner.config.durability == Durability::Fsync {
+            let _ = self.inner.store.with_wal(|w| w.ring_mut().sync());
+        }
+        self.inner.ring.release();
+    }
+}

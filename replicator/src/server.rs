@@ -1,0 +1,314 @@
+//! The acceptor side of the control plane: what a node does with the
+//! requests of leaders and candidates.
+//!
+//! Each accepted connection is served by a task that takes requests in
+//! order and answers each on the same connection. The interesting one is
+//! AppendEntries whose entries were WRITTEN into this node's ring: the
+//! records are checked in place (adoption rules: epoch equal to the fence),
+//! their payloads handed to openraft, and taken into the log where they lie
+//! when openraft appends them. A malformed message closes that connection
+//! and nothing else.
+
+use std::sync::Arc;
+
+use openraft::raft::{AppendEntriesRequest, VoteResponse};
+use ringraft_transport::{Connection, Listener, Received};
+use ringraft_wal::{AdoptRequest, Epoch, LogPos};
+
+use crate::fencing::FencedRing;
+use crate::log_store::LogStore;
+use crate::protocol::{AppendBody, Reply, Request, decode, encode};
+use crate::state_machine::MAX_SNAPSHOT_BYTES;
+use crate::types::{Entry, Raft, SnapshotMeta, Vote, term_of};
+
+/// Largest two-sided entry batch accepted, in bytes.
+pub const MAX_INLINE_BATCH_BYTES: u64 = 256 << 20;
+
+/// What the request handlers need.
+pub struct ServerCtx {
+    /// The raft handle.
+    pub raft: Raft,
+    /// This node's log store.
+    pub store: LogStore,
+    /// This node's ring registrations.
+    pub ring: Arc<FencedRing>,
+}
+
+/// Serves `listener` until it closes.
+pub fn spawn(mut listener: Listener, ctx: Arc<ServerCtx>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Some(conn) = listener.accept().await {
+            tokio::spawn(serve_connection(conn, ctx.clone()));
+        }
+    })
+}
+
+#[derive(Default)]
+struct Partial {
+    inline: Vec<u8>,
+    inline_parts: u32,
+    snapshot: Vec<u8>,
+    snapshot_meta: Option<SnapshotMeta>,
+}
+
+async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
+    let peer = conn.peer().node_id;
+    let mut partial = Partial::default();
+    loop {
+        let bytes = match conn.recv().await {
+            Ok(Received::Message(bytes)) => bytes,
+            Ok(Received::WriteImmediate(_)) => continue,
+            Err(_) => return,
+        };
+        let reply = match decode::<Request>(&bytes) {
+            Ok(request) => handle(request, peer, &ctx, &mut partial).await,
+            Err(e) => {
+                tracing::warn!(peer, error = %e, "malformed request; closing the connection");
+                let _ = conn
+                    .send(&encode(&Reply::Error(e)).unwrap_or_default())
+                    .await;
+                conn.close();
+                return;
+            }
+        };
+        let encoded = match encode(&reply) {
+            Ok(b) => b,
+            Err(e) => encode(&Reply::Error(format!("reply does not encode: {e}")))
+                .expect("a short error encodes"),
+        };
+        if conn.send(&encoded).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn not_fenced(store: &LogStore) -> Reply {
+    Reply::NotFenced {
+        fence: store.fence().0,
+    }
+}
+
+/// True when `epoch` is the ring's fence and belongs to `peer`.
+fn fenced_by(store: &LogStore, epoch: u64, peer: u64) -> bool {
+    Epoch(epoch).leader_id() == peer && store.fence().0 == epoch
+}
+
+async fn handle(request: Request, peer: u64, ctx: &ServerCtx, partial: &mut Partial) -> Reply {
+    match request {
+        Request::Grant { epoch } => {
+            if Epoch(epoch).leader_id() != peer {
+                return Reply::Error(format!("epoch {epoch:#x} is not node {peer}'s"));
+            }
+            match ctx.ring.grant(&ctx.store, Epoch(epoch)) {
+                Ok(data) => Reply::Granted {
+                    data,
+                    tail: ctx.store.tail(),
+                },
+                Err(fence) => Reply::NotFenced { fence: fence.0 },
+            }
+        }
+        Request::Append {
+            vote,
+            prev_log_id,
+            leader_commit,
+            epoch,
+            body,
+        } => {
+            if vote.leader_id.voted_for != peer {
+                return Reply::Error(format!(
+                    "node {peer} sent a vote for node {}",
+                    vote.leader_id.voted_for
+                ));
+            }
+            append(
+                ctx,
+                peer,
+                vote,
+                prev_log_id,
+                leader_commit,
+                epoch,
+                body,
+                partial,
+            )
+            .await
+        }
+        Request::Vote(req) | Request::PreVote(req) if ctx.store.votes_blocked() => {
+            let mut reader = ctx.store.clone();
+            let current = openraft::storage::RaftLogReader::read_vote(&mut reader)
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or(req.vote);
+            let last = ctx.store.tail().last_log_id();
+            tracing::info!(
+                peer,
+                "vote refused: this node's log is corrupt inside until re-replicated"
+            );
+            Reply::Voted(VoteResponse::new(current, last, false))
+        }
+        Request::Vote(req) => match ctx.raft.vote(req).await {
+            Ok(resp) => Reply::Voted(resp),
+            Err(e) => Reply::Error(e.to_string()),
+        },
+        Request::PreVote(req) => match ctx.raft.pre_vote(req).await {
+            Ok(resp) => Reply::Voted(resp),
+            Err(e) => Reply::Error(e.to_string()),
+        },
+        Request::Snapshot {
+            vote,
+            meta,
+            offset,
+            total,
+            data,
+        } => snapshot_part(ctx, partial, vote, meta, offset, total, data).await,
+        Request::TransferLeader(req) => match ctx.raft.handle_transfer_leader(req).await {
+            Ok(resp) => Reply::Transferred(resp),
+            Err(e) => Reply::Error(e.to_string()),
+        },
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn append(
+    ctx: &ServerCtx,
+    peer: u64,
+    vote: Vote,
+    prev_log_id: Option<crate::types::LogId>,
+    leader_commit: Option<crate::types::LogId>,
+    epoch: u64,
+    body: AppendBody,
+    partial: &mut Partial,
+) -> Reply {
+    let entries: Vec<Entry> = match body {
+        AppendBody::Empty => Vec::new(),
+        AppendBody::Written {
+            from_lsn,
+            to_lsn,
+            count,
+            last,
+        } => {
+            if !fenced_by(&ctx.store, epoch, peer) {
+                return not_fenced(&ctx.store);
+            }
+            let request = AdoptRequest {
+                from_lsn,
+                to_lsn,
+                entries: count,
+                last: Some(LogPos {
+                    term: term_of(&last),
+                    index: last.index,
+                }),
+            };
+            match ctx.store.prepare_adoption(request) {
+                Ok(entries) => entries,
+                Err(e) => {
+                    tracing::warn!(peer, error = %e, "written records refused");
+                    ctx.store.reject_written(to_lsn);
+                    return Reply::Rejected {
+                        reason: e.to_string(),
+                        tail: ctx.store.tail(),
+                    };
+                }
+            }
+        }
+        AppendBody::Inline { part, parts, bytes } => {
+            if part == 0 {
+                partial.inline.clear();
+                partial.inline_parts = 0;
+            }
+            if part != partial.inline_parts || parts == 0 || part >= parts {
+                partial.inline.clear();
+                return Reply::Error(format!("inline part {part} of {parts} out of order"));
+            }
+            if partial.inline.len() as u64 + bytes.len() as u64 > MAX_INLINE_BATCH_BYTES {
+                partial.inline.clear();
+                return Reply::Error("inline entry batch too large".into());
+            }
+            partial.inline.extend_from_slice(&bytes);
+            partial.inline_parts += 1;
+            if partial.inline_parts < parts {
+                return Reply::PartStored;
+            }
+            let bytes = std::mem::take(&mut partial.inline);
+            let entries: Vec<Entry> = match decode_entries(&bytes) {
+                Ok(e) => e,
+                Err(e) => return Reply::Error(e),
+            };
+            if !entries.is_empty() && !fenced_by(&ctx.store, epoch, peer) {
+                return not_fenced(&ctx.store);
+            }
+            entries
+        }
+    };
+    let request = AppendEntriesRequest {
+        vote,
+        prev_log_id,
+        entries,
+        leader_commit,
+    };
+    let result = ctx.raft.append_entries(request).await;
+    // Records openraft did not take stay out of the log, and are erased.
+    ctx.store.drop_pending();
+    match result {
+        Ok(response) => Reply::Appended {
+            response,
+            tail: ctx.store.tail(),
+        },
+        Err(e) => Reply::Error(e.to_string()),
+    }
+}
+
+fn decode_entries(bytes: &[u8]) -> Result<Vec<Entry>, String> {
+    let config = bincode::config::standard().with_limit::<{ MAX_INLINE_BATCH_BYTES as usize }>();
+    let (entries, used): (Vec<Entry>, usize) = bincode::serde::decode_from_slice(bytes, config)
+        .map_err(|e| format!("malformed entries: {e}"))?;
+    if used != bytes.len() {
+        return Err("trailing bytes after the entries".into());
+    }
+    Ok(entries)
+}
+
+/// Encodes entries for a two-sided AppendEntries.
+pub fn encode_entries(entries: &[Entry]) -> Result<Vec<u8>, String> {
+    bincode::serde::encode_to_vec(entries, bincode::config::standard()).map_err(|e| e.to_string())
+}
+
+async fn snapshot_part(
+    ctx: &ServerCtx,
+    partial: &mut Partial,
+    vote: Vote,
+    meta: SnapshotMeta,
+    offset: u64,
+    total: u64,
+    data: Vec<u8>,
+) -> Reply {
+    if total > MAX_SNAPSHOT_BYTES {
+        return Reply::Error(format!("snapshot of {total} bytes is above the limit"));
+    }
+    if offset == 0 {
+        partial.snapshot.clear();
+        partial.snapshot_meta = Some(meta.clone());
+    }
+    if offset != partial.snapshot.len() as u64 || partial.snapshot_meta.as_ref() != Some(&meta) {
+        partial.snapshot.clear();
+        partial.snapshot_meta = None;
+        return Reply::Error(format!("snapshot part at {offset} out of order"));
+    }
+    if offset + data.len() as u64 > total {
+        partial.snapshot.clear();
+        return Reply::Error("snapshot part beyond its total".into());
+    }
+    partial.snapshot.extend_from_slice(&data);
+    if (partial.snapshot.len() as u64) < total {
+        return Reply::PartStored;
+    }
+    let snapshot = openraft::Snapshot {
+        meta,
+        snapshot: std::mem::take(&mut partial.snapshot),
+    };
+    partial.snapshot_meta = None;
+    match ctx.raft.install_full_snapshot(vote, snapshot).await {
+        Ok(resp) => Reply::Installed(resp),
+        Err(e) => Reply::Error(e.to_string()),
+    }
+}

@@ -1,0 +1,456 @@
+//! Faults: leader crash and failover, full restarts, damaged rings, the
+//! corrupt-inside voting rule, membership changes under load, snapshots to
+//! followers that fell behind their ring, and the stale leader.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use ringraft::{Durability, NodeError};
+use ringraft_tests::{Cluster, Kind};
+use ringraft_wal::{Damage, RingConfig, Wal};
+
+const T: Duration = Duration::from_secs(30);
+
+fn commands(c: &Cluster, id: u64) -> Vec<Vec<u8>> {
+    c.applied(id).entries.into_iter().map(|(_, d)| d).collect()
+}
+
+/// Asserts that every acknowledged command appears exactly once in node
+/// `id`'s applied log, and that all running nodes applied the same sequence.
+fn assert_nothing_lost(c: &Cluster, acked: &[Vec<u8>]) {
+    let running = c.running();
+    let reference = commands(c, running[0]);
+    for id in &running {
+        assert_eq!(
+            commands(c, *id),
+            reference,
+            "node {id} applied a different sequence"
+        );
+    }
+    for a in acked {
+        let n = reference.iter().filter(|x| *x == a).count();
+        assert_eq!(
+            n,
+            1,
+            "acknowledged {:?} appears {n} times",
+            String::from_utf8_lossy(a)
+        );
+    }
+}
+
+async fn write_n(c: &Cluster, prefix: &str, n: u32, acked: &mut Vec<Vec<u8>>) -> u64 {
+    let mut last = 0;
+    for k in 0..n {
+        let data = format!("{prefix}-{k}").into_bytes();
+        let (index, _) = c.propose(data.clone(), T).await.unwrap();
+        acked.push(data);
+        last = index;
+    }
+    last
+}
+
+async fn leader_crash_fails_over(kind: Kind) {
+    let mut c = Cluster::start(kind, 3, Durability::Memory, 2).await;
+    let mut acked = Vec::new();
+    write_n(&c, "before", 30, &mut acked).await;
+    let old = c.leader().await;
+    c.stop(old).await;
+    let new = c.leader().await;
+    assert_ne!(new, old);
+    let last = write_n(&c, "after", 30, &mut acked).await;
+    c.boot(old).await.unwrap();
+    c.wait_applied(last, T).await;
+    assert_nothing_lost(&c, &acked);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_crash_yields_a_new_leader_and_loses_nothing_inproc() {
+    leader_crash_fails_over(Kind::Inproc).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_crash_yields_a_new_leader_and_loses_nothing_tcp() {
+    leader_crash_fails_over(Kind::Tcp).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_restarted_recovers_from_ring_and_snapshot() {
+    for durability in [Durability::Memory, Durability::Fsync] {
+        let mut c = Cluster::start_with(Kind::Inproc, 3, durability, 3, |cfg| {
+            cfg.snapshot_every_entries = 40;
+            cfg.keep_after_snapshot = 5;
+        })
+        .await;
+        let mut acked = Vec::new();
+        let last = write_n(&c, "x", 150, &mut acked).await;
+        c.wait_applied(last, T).await;
+        for id in c.running() {
+            c.stop(id).await;
+        }
+        for id in 1..=3 {
+            let dir = c.data_dir(id);
+            assert!(dir.join("snapshot").exists(), "node {id} has a snapshot");
+            let report = ringraft_wal::check(&dir).unwrap();
+            assert!(
+                report.first_index > 1,
+                "node {id}'s log was purged after its snapshot"
+            );
+            assert!(!report.corrupt_in_acknowledged_range());
+        }
+        for id in 1..=3 {
+            c.boot(id).await.unwrap();
+        }
+        c.leader().await;
+        let last = write_n(&c, "y", 10, &mut acked).await;
+        c.wait_applied(last, T).await;
+        assert_nothing_lost(&c, &acked);
+    }
+}
+
+fn ring_config(c: &Cluster, id: u64) -> RingConfig {
+    let cfg = &c.members[&id].config;
+    RingConfig {
+        capacity: cfg.ring_capacity,
+        max_record_bytes: cfg.max_record_bytes,
+        cluster_id: cfg.cluster_id,
+        node_id: id,
+        lock_memory: false,
+    }
+}
+
+/// The lsn of entry `index` in node `id`'s (stopped) ring.
+fn lsn_of(c: &Cluster, id: u64, index: u64) -> u64 {
+    let wal = Wal::open(&c.data_dir(id), &ring_config(c, id)).unwrap();
+    wal.ring().read(index).unwrap().lsn
+}
+
+fn flip_bit(c: &Cluster, id: u64, lsn: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(c.data_dir(id).join("ring"))
+        .unwrap();
+    let at = 4096 + lsn % c.members[&id].config.ring_capacity + 70;
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0x10], at).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_with_a_damaged_ring_recovers_and_never_applies_a_corrupt_entry() {
+    let mut c = Cluster::start(Kind::Inproc, 3, Durability::Memory, 4).await;
+    let mut acked = Vec::new();
+    let last = write_n(&c, "a", 40, &mut acked).await;
+    c.wait_applied(last, T).await;
+    let leader = c.leader().await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    c.stop(follower).await;
+
+    // Truncate: lose the tail of the ring's written area (zeroes).
+    let lsn = lsn_of(&c, follower, last - 5);
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(c.data_dir(follower).join("ring"))
+            .unwrap();
+        f.write_all_at(&vec![0u8; 4096], 4096 + lsn).unwrap();
+    }
+    c.boot(follower).await.unwrap();
+    let last = write_n(&c, "b", 10, &mut acked).await;
+    c.wait_applied(last, T).await;
+    assert_nothing_lost(&c, &acked);
+
+    // Flip one bit of an entry's payload.
+    c.stop(follower).await;
+    let lsn = lsn_of(&c, follower, last - 3);
+    flip_bit(&c, follower, lsn);
+    let report = ringraft_wal::check(&c.data_dir(follower)).unwrap();
+    assert!(report.stop.is_some(), "the checker sees the break");
+    c.boot(follower).await.unwrap();
+    let last = write_n(&c, "c", 10, &mut acked).await;
+    c.wait_applied(last, T).await;
+    // The recorder asserts order on every apply; the logs are identical, so
+    // the flipped entry was never applied (its bytes differ).
+    assert_nothing_lost(&c, &acked);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_corrupt_inside_grants_no_vote_and_the_lossy_election_does_not_happen() {
+    let mut c = Cluster::start(Kind::Inproc, 3, Durability::Memory, 5).await;
+    let mut acked = Vec::new();
+    write_n(&c, "early", 10, &mut acked).await;
+    let a = c.leader().await;
+    let others: Vec<u64> = (1..=3).filter(|id| *id != a).collect();
+    let (b, lagging) = (others[0], others[1]);
+    // The lagging node misses the next committed entries.
+    c.stop(lagging).await;
+    let last = write_n(&c, "committed", 30, &mut acked).await;
+    c.node(b).wait_applied(last, T).await.unwrap();
+    c.stop(a).await;
+    c.stop(b).await;
+    // b forgets committed entries: one inside what it acknowledged breaks.
+    let lsn = lsn_of(&c, b, last - 10);
+    flip_bit(&c, b, lsn);
+    let report = ringraft_wal::check(&c.data_dir(b)).unwrap();
+    assert!(report.corrupt_in_acknowledged_range(), "{report}");
+
+    c.boot(b).await.unwrap();
+    c.boot(lagging).await.unwrap();
+    assert!(matches!(
+        c.node(b).log_store().with_wal(|w| w.recovery().damage),
+        Damage::CorruptInside(_)
+    ));
+    // Without the rule b (longer log) would win the lagging node's vote and
+    // lead without the entries it forgot. It must not: no leader for a while.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for id in [b, lagging] {
+        let s = c.node(id).status();
+        assert!(
+            s.state != "Leader",
+            "node {id} became leader while b is corrupt: {s:?}"
+        );
+    }
+    // The node with the full log returns: it leads, re-replicates past b's
+    // break, and nothing acknowledged is lost.
+    c.boot(a).await.unwrap();
+    let leader = c.leader().await;
+    assert_ne!(leader, b, "the corrupt node must not lead");
+    let last = write_n(&c, "late", 5, &mut acked).await;
+    c.wait_applied(last, T).await;
+    assert_nothing_lost(&c, &acked);
+    assert!(
+        !c.node(b).log_store().votes_blocked(),
+        "b was re-replicated past its break"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_changes_under_load() {
+    let mut c = Cluster::start(Kind::Inproc, 5, Durability::Memory, 6).await;
+    // Start with 3 voters: remove 4 and 5, then add them back as learners
+    // and promote them, while clients write.
+    let leader = c.leader().await;
+    c.node(leader).remove([4, 5].into()).await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let cluster = Arc::new(tokio::sync::RwLock::new(()));
+    let writer = {
+        let (stop, acked) = (stop.clone(), acked.clone());
+        let nodes: Vec<_> = (1..=3).map(|id| c.node(id).clone()).collect();
+        tokio::spawn(async move {
+            let mut k = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                let data = format!("load-{k}").into_bytes();
+                for n in &nodes {
+                    match n.propose(data.clone()).await {
+                        Ok(_) => {
+                            acked.lock().unwrap().push(data.clone());
+                            k += 1;
+                            break;
+                        }
+                        Err(NodeError::NotLeader { .. }) => continue,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                    }
+                }
+            }
+        })
+    };
+    let _ = cluster;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for id in [4u64, 5] {
+        c.stop(id).await;
+        let dir = c.data_dir(id);
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&dir).unwrap();
+        c.boot(id).await.unwrap();
+        let addr = c.members[&id].config.listen.clone();
+        let leader = c.leader_among(&[1, 2, 3], T).await;
+        c.node(leader).add_learner(id, addr).await.unwrap();
+    }
+    let leader = c.leader_among(&[1, 2, 3], T).await;
+    c.node(leader)
+        .promote(BTreeSet::from([4, 5]))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    writer.await.unwrap();
+    let leader = c.leader().await;
+    let status = c.node(leader).status();
+    assert_eq!(status.voters, BTreeSet::from([1, 2, 3, 4, 5]));
+    let last = c.propose(b"final".to_vec(), T).await.unwrap().0;
+    c.wait_applied(last, T).await;
+    let mut acked = acked.lock().unwrap().clone();
+    assert!(acked.len() > 10, "the load ran: {} writes", acked.len());
+    acked.push(b"final".to_vec());
+    assert_nothing_lost(&c, &acked);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_lagged_past_its_ring_gets_a_snapshot() {
+    let mut c = Cluster::start_with(Kind::Inproc, 3, Durability::Memory, 7, |cfg| {
+        cfg.ring_capacity = 1 << 20;
+        cfg.snapshot_every_entries = 200;
+        cfg.keep_after_snapshot = 10;
+    })
+    .await;
+    let mut acked = Vec::new();
+    write_n(&c, "warm", 5, &mut acked).await;
+    let leader = c.leader().await;
+    let lagging = (1..=3).find(|id| *id != leader).unwrap();
+    c.stop(lagging).await;
+    // Far more than one ring's worth: 1500 entries of 2 KiB (3 MiB of
+    // records through a 1 MiB ring), so the leader purged past it.
+    let big = vec![b'z'; 2048];
+    let mut last = 0;
+    for k in 0..1500u32 {
+        let mut data = big.clone();
+        data.extend_from_slice(format!("-{k}").as_bytes());
+        let (index, _) = c.propose(data.clone(), T).await.unwrap();
+        acked.push(data);
+        last = index;
+    }
+    let purged = c
+        .node(leader)
+        .log_store()
+        .with_wal(|w| w.ring().first_index());
+    assert!(
+        purged > 10,
+        "the leader purged its log (first index {purged})"
+    );
+    c.boot(lagging).await.unwrap();
+    c.wait_applied(last, T).await;
+    assert_nothing_lost(&c, &acked);
+    assert!(
+        c.data_dir(lagging).join("snapshot").exists(),
+        "the lagging node installed a snapshot"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_leader_writes_nothing_valid_and_steps_down() {
+    // Queue pairs wait long enough (≈2 s) for the frozen leader that the
+    // followers' connections to it are still up when it resumes: its held
+    // WRITEs then meet the followers' NICs (had a follower given up on the
+    // connection first, they would be dropped with it: safe too, but not
+    // what this test wants to show).
+    let c = Cluster::start_with(Kind::Inproc, 3, Durability::Memory, 8, |cfg| {
+        cfg.conn.ack_timeout_exp = 16;
+    })
+    .await;
+    let mut acked = Vec::new();
+    write_n(&c, "before", 20, &mut acked).await;
+    let old = c.leader().await;
+    let followers: Vec<u64> = (1..=3).filter(|id| *id != old).collect();
+    // Freeze the old leader while its WRITEs are on the wire: with a 40 ms
+    // fabric delay, the records of a proposal made 10 ms before the freeze
+    // are in flight (then held) at the freeze.
+    c.fabric
+        .set_delay(Duration::from_millis(40), Duration::from_millis(40));
+    let old_node = c.node(old).clone();
+    let stale_writer = tokio::spawn(async move {
+        let mut writers = Vec::new();
+        for w in 0..4u32 {
+            let node = old_node.clone();
+            writers.push(tokio::spawn(async move {
+                let data = format!("stale-{w}").into_bytes();
+                let r =
+                    tokio::time::timeout(Duration::from_secs(20), node.propose(data.clone())).await;
+                (data, matches!(r, Ok(Ok(_))))
+            }));
+        }
+        let mut all = Vec::new();
+        for w in writers {
+            all.push(w.await.unwrap());
+        }
+        all
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    c.fabric.pause(&format!("node{old}"));
+    c.fabric.set_delay(Duration::ZERO, Duration::ZERO);
+    c.leader_among(&followers, T).await;
+    let mut after = Vec::new();
+    let mut last = 0;
+    for k in 0..30u32 {
+        let data = format!("new-{k}").into_bytes();
+        loop {
+            let leader = c.leader_among(&followers, T).await;
+            match c.node(leader).propose(data.clone()).await {
+                Ok((index, _)) => {
+                    last = index;
+                    break;
+                }
+                Err(NodeError::NotLeader { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        after.push(data);
+    }
+    let new = c.leader_among(&followers, T).await;
+    // The new leader took every follower's fence (held while it leads).
+    for id in &followers {
+        let fence = c.node(*id).log_store().fence();
+        assert_eq!(fence.leader_id(), new, "node {id}'s fence");
+    }
+    let refused = |c: &Cluster| -> u64 {
+        followers
+            .iter()
+            .map(|id| {
+                c.node(*id)
+                    .device()
+                    .counters()
+                    .iter()
+                    .find(|(k, _)| k == "refused_requests")
+                    .map_or(0, |(_, v)| *v)
+            })
+            .sum()
+    };
+    let refused_before = refused(&c);
+    // Unfreeze: the old leader's held WRITEs and messages arrive now.
+    c.fabric.resume(&format!("node{old}"));
+    let results = stale_writer.await.unwrap();
+    for (data, ok) in &results {
+        if *ok {
+            acked.push(data.clone());
+        }
+    }
+    acked.extend(after);
+    // The old leader steps down and follows.
+    let leader = c.leader().await;
+    assert_ne!(leader, old);
+    c.wait_applied(last, T).await;
+    assert_nothing_lost(&c, &acked);
+    // No follower's log holds an entry of the old leader's term written
+    // after the new leader's first entry, and the logs agree entry by entry.
+    let logs: Vec<Vec<(u64, u64)>> = (1..=3)
+        .map(|id| {
+            c.node(id).log_store().with_wal(|w| {
+                let r = w.ring();
+                (r.first_index()..r.next_index())
+                    .map(|i| (i, r.term_of(i).unwrap()))
+                    .collect()
+            })
+        })
+        .collect();
+    let common = logs.iter().map(Vec::len).min().unwrap();
+    for l in &logs {
+        let (a, b) = (l.len() - common, logs[0].len() - common);
+        assert_eq!(&l[a..], &logs[0][b..], "logs diverge");
+    }
+    let refused_after = refused(&c);
+    tracing::info!(
+        refused_before,
+        refused_after,
+        "one-sided requests refused by the followers' NICs"
+    );
+    assert!(
+        refused_after > refused_before,
+        "the stale leader's held WRITEs reached the followers after the unfreeze and were refused by their NICs"
+    );
+}

@@ -1,0 +1,309 @@
+//! A test harness for ringraft clusters in one process: nodes on the
+//! in-process fabric (seeded faults) or on the tcp fabric over loopback,
+//! each with its own data directory, and a state machine that records what
+//! it applied so that tests can check order and loss.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ringraft::{
+    Applied, Durability, Fabric, Node, NodeBuilder, NodeConfig, NodeError, StateMachine,
+};
+use ringraft_transport::inproc;
+use serde::{Deserialize, Serialize};
+
+/// The cluster secret of the tests.
+pub const SECRET: &[u8] = b"ringraft integration test secret";
+
+/// Which fabric the cluster runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// In-process fabric.
+    Inproc,
+    /// Software RNIC over loopback TCP.
+    Tcp,
+}
+
+/// What a test state machine applied, shared with the test.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AppliedLog {
+    /// (index, command) in apply order.
+    pub entries: Vec<(u64, Vec<u8>)>,
+}
+
+/// A state machine that records every command; its answer is the count of
+/// commands applied so far.
+#[derive(Clone, Default)]
+pub struct Recorder {
+    /// What it applied (shared with the test).
+    pub log: Arc<Mutex<AppliedLog>>,
+}
+
+impl StateMachine for Recorder {
+    fn apply(&mut self, batch: &[Applied<'_>]) -> Vec<Vec<u8>> {
+        let mut log = self.log.lock().unwrap();
+        batch
+            .iter()
+            .map(|a| {
+                if let Some((last, _)) = log.entries.last() {
+                    assert!(
+                        a.index > *last,
+                        "applied out of order: {} after {}",
+                        a.index,
+                        last
+                    );
+                }
+                log.entries.push((a.index, a.data.to_vec()));
+                (log.entries.len() as u64).to_le_bytes().to_vec()
+            })
+            .collect()
+    }
+    fn snapshot(&self) -> Vec<u8> {
+        bincode::serde::encode_to_vec(&*self.log.lock().unwrap(), bincode::config::standard())
+            .unwrap()
+    }
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        let (log, _): (AppliedLog, _) =
+            bincode::serde::decode_from_slice(snapshot, bincode::config::standard())
+                .map_err(|e| e.to_string())?;
+        *self.log.lock().unwrap() = log;
+        Ok(())
+    }
+}
+
+/// One member.
+pub struct Member {
+    /// Its configuration (reused on restart).
+    pub config: NodeConfig,
+    /// The running node, if up.
+    pub node: Option<Node>,
+    /// What its state machine applied.
+    pub applied: Arc<Mutex<AppliedLog>>,
+}
+
+/// A cluster of nodes in this process.
+pub struct Cluster {
+    /// The fabric kind.
+    pub kind: Kind,
+    /// The in-process fabric (inproc only).
+    pub fabric: inproc::Fabric,
+    _dirs: Vec<tempfile::TempDir>,
+    /// The members, by id.
+    pub members: BTreeMap<u64, Member>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Installs a tracing subscriber once (RUST_LOG decides what shows).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+impl Cluster {
+    /// Starts `n` nodes (ids 1..=n) and initializes the cluster on node 1.
+    pub async fn start(kind: Kind, n: u64, durability: Durability, seed: u64) -> Cluster {
+        Cluster::start_with(kind, n, durability, seed, |_| {}).await
+    }
+
+    /// Like [`Cluster::start`], adjusting every node's configuration.
+    pub async fn start_with(
+        kind: Kind,
+        n: u64,
+        durability: Durability,
+        seed: u64,
+        adjust: impl Fn(&mut NodeConfig),
+    ) -> Cluster {
+        init_tracing();
+        let fabric = inproc::Fabric::new(seed);
+        let mut dirs = Vec::new();
+        let addrs: BTreeMap<u64, String> = (1..=n)
+            .map(|id| {
+                let addr = match kind {
+                    Kind::Inproc => format!("node{id}"),
+                    Kind::Tcp => format!("127.0.0.1:{}", free_port()),
+                };
+                (id, addr)
+            })
+            .collect();
+        let mut members = BTreeMap::new();
+        for (&id, addr) in &addrs {
+            let dir = tempfile::tempdir().unwrap();
+            let mut config = NodeConfig::new(id, dir.path(), addr.clone());
+            config.peers = addrs.clone();
+            config.durability = durability;
+            config.ring_capacity = 4 << 20;
+            config.max_record_bytes = 64 << 10;
+            config.lock_memory = false;
+            config.conn.retry_count = 3;
+            config.conn.ack_timeout_exp = 13;
+            adjust(&mut config);
+            dirs.push(dir);
+            members.insert(
+                id,
+                Member {
+                    config,
+                    node: None,
+                    applied: Arc::new(Mutex::new(AppliedLog::default())),
+                },
+            );
+        }
+        let mut cluster = Cluster {
+            kind,
+            fabric,
+            _dirs: dirs,
+            members,
+        };
+        for id in 1..=n {
+            cluster.boot(id).await.expect("node starts");
+        }
+        cluster.node(1).initialize().await.expect("initialize");
+        cluster
+    }
+
+    fn fabric_of(&self) -> Fabric {
+        match self.kind {
+            Kind::Inproc => Fabric::Inproc(self.fabric.clone()),
+            Kind::Tcp => Fabric::Tcp,
+        }
+    }
+
+    /// Starts (or restarts) node `id` over its data directory.
+    pub async fn boot(&mut self, id: u64) -> Result<(), NodeError> {
+        let fabric = self.fabric_of();
+        let member = self.members.get_mut(&id).expect("member");
+        assert!(member.node.is_none(), "node {id} is running");
+        let recorder = Recorder::default();
+        member.applied = recorder.log.clone();
+        let node = NodeBuilder::new(member.config.clone())
+            .fabric(fabric)
+            .secret(SECRET.to_vec())
+            .state_machine(recorder)
+            .start()
+            .await?;
+        member.node = Some(node);
+        Ok(())
+    }
+
+    /// Stops node `id` (Raft shut down, registrations dropped; the ring
+    /// file keeps what a killed process would leave in memory mode).
+    pub async fn stop(&mut self, id: u64) {
+        let node = self
+            .members
+            .get_mut(&id)
+            .expect("member")
+            .node
+            .take()
+            .expect("running");
+        node.shutdown().await;
+        drop(node);
+    }
+
+    /// The running node `id`.
+    pub fn node(&self, id: u64) -> &Node {
+        self.members[&id]
+            .node
+            .as_ref()
+            .unwrap_or_else(|| panic!("node {id} is down"))
+    }
+
+    /// The data directory of node `id`.
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.members[&id].config.data_dir.clone()
+    }
+
+    /// Ids of running nodes.
+    pub fn running(&self) -> Vec<u64> {
+        self.members
+            .iter()
+            .filter(|(_, m)| m.node.is_some())
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Waits until the running nodes among `among` agree on a leader that is
+    /// one of them, and returns it.
+    pub async fn leader_among(&self, among: &[u64], timeout: Duration) -> u64 {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let views: Vec<Option<u64>> = among
+                .iter()
+                .filter(|id| self.members[id].node.is_some())
+                .map(|id| self.node(*id).status().leader_id)
+                .collect();
+            if let Some(Some(l)) = views.first()
+                && views.iter().all(|v| *v == Some(*l))
+                && among.contains(l)
+                && self.node(*l).status().state == "Leader"
+            {
+                return *l;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no agreed leader among {among:?}: {views:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The leader agreed by every running node.
+    pub async fn leader(&self) -> u64 {
+        let running = self.running();
+        self.leader_among(&running, Duration::from_secs(20)).await
+    }
+
+    /// Proposes `data` through whoever is leader, retrying on leader changes
+    /// (at most `timeout`). Returns (index, answer, leader used).
+    pub async fn propose(
+        &self,
+        data: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<(u64, Vec<u8>), NodeError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let leader = self.leader().await;
+            match self.node(leader).propose(data.clone()).await {
+                Ok(r) => return Ok(r),
+                Err(
+                    e @ (NodeError::NotLeader { .. }
+                    | NodeError::Unknown(_)
+                    | NodeError::Stopped(_)),
+                ) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "proposal retried");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// What node `id`'s state machine applied.
+    pub fn applied(&self, id: u64) -> AppliedLog {
+        self.members[&id].applied.lock().unwrap().clone()
+    }
+
+    /// Waits until every running node applied at least `index`.
+    pub async fn wait_applied(&self, index: u64, timeout: Duration) {
+        for id in self.running() {
+            self.node(id)
+                .wait_applied(index, timeout)
+                .await
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "node {id} did not apply {index}: {e}; status {:?}",
+                        self.node(id).status()
+                    )
+                });
+        }
+    }
+}
