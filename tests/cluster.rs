@@ -62,3 +62,138 @@ async fn five_nodes_inproc_fsync() {
 async fn three_nodes_tcp_memory() {
     elect_commit_apply(Kind::Tcp, 3, Durability::Memory).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_hca_atomics_a_leader_fences_itself_through_loopback() {
+    let cluster = Cluster::start(Kind::InprocHca, 3, Durability::Memory, 11).await;
+    let leader = cluster.leader().await;
+    let (index, _) = cluster.propose(b"x".to_vec(), T).await.unwrap();
+    cluster.wait_applied(index, T).await;
+    let (cpu, loopback) = cluster.node(leader).self_fences();
+    assert_eq!(cpu, 0, "never a CPU CAS on an HCA device");
+    assert!(
+        loopback > 0,
+        "the leader raised its own fence through the loopback connection"
+    );
+    let fence = cluster.node(leader).log_store().fence();
+    assert_eq!(fence.leader_id(), leader);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_by_consistency() {
+    use ringraft::{NodeError, ReadConsistency};
+    let cluster = Cluster::start(Kind::Inproc, 3, Durability::Memory, 12).await;
+    let leader = cluster.leader().await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let (index, _) = cluster.propose(b"visible".to_vec(), T).await.unwrap();
+    // The recorder's snapshot is its applied log: decode and look.
+    let has = |bytes: Vec<u8>| {
+        let (log, _): (ringraft_tests::AppliedLog, _) =
+            bincode::serde::decode_from_slice(&bytes, bincode::config::standard()).unwrap();
+        log.entries
+            .iter()
+            .any(|(i, d)| *i == index && d == b"visible")
+    };
+    for consistency in [ReadConsistency::Linearizable, ReadConsistency::Lease] {
+        let snapshot = cluster
+            .node(leader)
+            .read(consistency, |sm| sm.snapshot())
+            .await
+            .unwrap();
+        assert!(
+            has(snapshot),
+            "{consistency:?} read on the leader sees the committed write"
+        );
+    }
+    let err = cluster
+        .node(follower)
+        .read(ReadConsistency::Linearizable, |sm| sm.snapshot())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, NodeError::NotLeader { leader_id: Some(l), .. } if l == leader),
+        "{err}"
+    );
+    cluster.node(follower).wait_applied(index, T).await.unwrap();
+    let snapshot = cluster
+        .node(follower)
+        .read(ReadConsistency::Stale, |sm| sm.snapshot())
+        .await
+        .unwrap();
+    assert!(
+        has(snapshot),
+        "a stale read after the follower applied sees it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_transfers_to_the_chosen_node() {
+    let cluster = Cluster::start(Kind::Inproc, 3, Durability::Memory, 13).await;
+    let leader = cluster.leader().await;
+    let target = (1..=3).find(|id| *id != leader).unwrap();
+    cluster.propose(b"before".to_vec(), T).await.unwrap();
+    cluster.node(leader).transfer_leader(target).await.unwrap();
+    let deadline = tokio::time::Instant::now() + T;
+    while cluster.leader_among(&[1, 2, 3], T).await != target {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "leadership did not move to {target}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (index, _) = cluster.propose(b"after".to_vec(), T).await.unwrap();
+    cluster.wait_applied(index, T).await;
+    for id in 1..=3 {
+        let cmds: Vec<Vec<u8>> = user_commands(&cluster.applied(id));
+        assert_eq!(
+            cmds,
+            vec![b"before".to_vec(), b"after".to_vec()],
+            "node {id}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_across_retries_with_sessions() {
+    use ringraft::Session;
+    let cluster = Cluster::start(Kind::Inproc, 3, Durability::Memory, 14).await;
+    let leader = cluster.leader().await;
+    let s = Session {
+        client_id: 42,
+        seq: 1,
+    };
+    let first = cluster
+        .node(leader)
+        .propose_in_session(s, b"once".to_vec())
+        .await
+        .unwrap();
+    assert!(!first.duplicate);
+    // A retry (lost answer, leader change...) is answered, not applied.
+    let retry = cluster
+        .node(leader)
+        .propose_in_session(s, b"once".to_vec())
+        .await
+        .unwrap();
+    assert!(retry.duplicate);
+    assert_eq!(retry.index, first.index);
+    assert_eq!(retry.data, first.data);
+    let next = cluster
+        .node(leader)
+        .propose_in_session(
+            Session {
+                client_id: 42,
+                seq: 2,
+            },
+            b"twice".to_vec(),
+        )
+        .await
+        .unwrap();
+    cluster.wait_applied(next.index, T).await;
+    for id in 1..=3 {
+        assert_eq!(
+            user_commands(&cluster.applied(id)),
+            vec![b"once".to_vec(), b"twice".to_vec()],
+            "node {id} applied the retried command once"
+        );
+    }
+}

@@ -22,6 +22,10 @@ pub const SECRET: &[u8] = b"ringraft integration test secret";
 pub enum Kind {
     /// In-process fabric.
     Inproc,
+    /// In-process fabric whose devices report HCA atomics (atomic only
+    /// against the device's own atomics): nodes raise their own fence
+    /// through a loopback connection.
+    InprocHca,
     /// Software RNIC over loopback TCP.
     Tcp,
 }
@@ -130,7 +134,7 @@ impl Cluster {
         let addrs: BTreeMap<u64, String> = (1..=n)
             .map(|id| {
                 let addr = match kind {
-                    Kind::Inproc => format!("node{id}"),
+                    Kind::Inproc | Kind::InprocHca => format!("node{id}"),
                     Kind::Tcp => format!("127.0.0.1:{}", free_port()),
                 };
                 (id, addr)
@@ -171,16 +175,29 @@ impl Cluster {
         cluster
     }
 
-    fn fabric_of(&self) -> Fabric {
+    fn fabric_of(&self, id: u64) -> Fabric {
         match self.kind {
             Kind::Inproc => Fabric::Inproc(self.fabric.clone()),
+            Kind::InprocHca => {
+                let config = ringraft_transport::DeviceConfig {
+                    node_id: id,
+                    secret: ringraft_transport::Secret::new(SECRET.to_vec()).unwrap(),
+                    limits: Default::default(),
+                };
+                let addr = self.members[&id].config.listen.clone();
+                Fabric::Device(self.fabric.device_with_atomics(
+                    &addr,
+                    config,
+                    ringraft_transport::AtomicCapability::Hca,
+                ))
+            }
             Kind::Tcp => Fabric::Tcp,
         }
     }
 
     /// Starts (or restarts) node `id` over its data directory.
     pub async fn boot(&mut self, id: u64) -> Result<(), NodeError> {
-        let fabric = self.fabric_of();
+        let fabric = self.fabric_of(id);
         let member = self.members.get_mut(&id).expect("member");
         assert!(member.node.is_none(), "node {id} is running");
         let recorder = Recorder::default();

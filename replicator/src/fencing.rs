@@ -163,6 +163,8 @@ struct GuardInner {
     self_addr: String,
     store: Mutex<Option<LogStore>>,
     loopback: tokio::sync::Mutex<Option<(Connection, Hello)>>,
+    cpu_fences: std::sync::atomic::AtomicU64,
+    loopback_fences: std::sync::atomic::AtomicU64,
 }
 
 impl NodeGuard {
@@ -183,6 +185,8 @@ impl NodeGuard {
                 self_addr,
                 store: Mutex::new(None),
                 loopback: tokio::sync::Mutex::new(None),
+                cpu_fences: Default::default(),
+                loopback_fences: Default::default(),
             }),
         }
     }
@@ -191,6 +195,15 @@ impl NodeGuard {
     /// atomics).
     pub fn bind(&self, store: &LogStore) {
         *self.inner.store.lock().expect("store lock") = Some(store.clone());
+    }
+
+    /// Self-fences done so far: (with a CPU CAS, through the loopback).
+    pub fn self_fences(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.inner.cpu_fences.load(Relaxed),
+            self.inner.loopback_fences.load(Relaxed),
+        )
     }
 }
 
@@ -262,14 +275,18 @@ impl RingGuard for NodeGuard {
     fn fence_self(&self, epoch: Epoch) -> BoxFuture<'static, io::Result<()>> {
         let inner = self.inner.clone();
         Box::pin(async move {
+            use std::sync::atomic::Ordering::Relaxed;
             if inner.device.atomic_capability() == AtomicCapability::Global {
                 let store = inner.store.lock().expect("store lock").clone();
                 store
                     .ok_or_else(|| io::Error::other("guard not bound to its store"))?
-                    .cas_fence_locally(epoch)
+                    .cas_fence_locally(epoch)?;
+                inner.cpu_fences.fetch_add(1, Relaxed);
             } else {
-                inner.cas_through_loopback(epoch).await
+                inner.cas_through_loopback(epoch).await?;
+                inner.loopback_fences.fetch_add(1, Relaxed);
             }
+            Ok(())
         })
     }
 }

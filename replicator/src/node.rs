@@ -55,6 +55,9 @@ pub enum Fabric {
         /// Device name for rdma.
         rdma_device: Option<String>,
     },
+    /// A device opened by the caller (its node id and secret must be this
+    /// node's).
+    Device(Device),
 }
 
 /// A node's configuration.
@@ -233,6 +236,7 @@ impl NodeBuilder {
             )
             .map_err(|e| NodeError::Fabric(e.to_string()))?,
             Fabric::Auto { rdma_device } => Device::auto(rdma_device.as_deref(), device_config),
+            Fabric::Device(device) => device.clone(),
         };
         let ring_config = RingConfig {
             capacity: config.ring_capacity,
@@ -356,6 +360,7 @@ impl NodeBuilder {
                 store,
                 sm: sm_store,
                 ring,
+                guard,
                 metrics,
                 tasks,
             }),
@@ -399,6 +404,7 @@ struct Inner {
     store: LogStore,
     sm: SmStore,
     ring: Arc<FencedRing>,
+    guard: NodeGuard,
     metrics: Arc<Metrics>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -479,6 +485,12 @@ impl Node {
     /// grants).
     pub fn rkey_rotations(&self) -> u64 {
         self.inner.ring.rotations()
+    }
+
+    /// How many times this node raised its own fence: (with a CPU CAS,
+    /// through the loopback connection).
+    pub fn self_fences(&self) -> (u64, u64) {
+        self.inner.guard.self_fences()
     }
 
     /// The fabric device.
