@@ -105,15 +105,55 @@ async fn reads_by_consistency() {
             "{consistency:?} read on the leader sees the committed write"
         );
     }
-    let err = cluster
+    // A follower's linearizable read: the leader confirms and gives its read
+    // index, the follower waits until it applied that far and reads locally.
+    for consistency in [ReadConsistency::Linearizable, ReadConsistency::Lease] {
+        let snapshot = cluster
+            .node(follower)
+            .read(consistency, |sm| sm.snapshot())
+            .await
+            .unwrap();
+        assert!(
+            has(snapshot),
+            "{consistency:?} read on a follower sees the committed write"
+        );
+    }
+    // A proposal made on a follower is forwarded to the leader.
+    let (forwarded, _) = cluster
         .node(follower)
-        .read(ReadConsistency::Linearizable, |sm| sm.snapshot())
+        .propose(b"via follower".to_vec())
         .await
-        .unwrap_err();
+        .unwrap();
+    assert!(forwarded > index);
+    // With no leader reachable, a linearizable read fails rather than lie.
+    for id in [1, 2, 3] {
+        if id != follower {
+            cluster
+                .fabric
+                .partition(&[&format!("node{follower}")], &[&format!("node{id}")]);
+        }
+    }
+    let cut = tokio::time::timeout(
+        Duration::from_secs(15),
+        cluster
+            .node(follower)
+            .read(ReadConsistency::Linearizable, |sm| sm.snapshot()),
+    )
+    .await;
     assert!(
-        matches!(err, NodeError::NotLeader { leader_id: Some(l), .. } if l == leader),
-        "{err}"
+        !matches!(cut, Ok(Ok(_))),
+        "a partitioned follower served a linearizable read"
     );
+    cluster.fabric.heal();
+    if let Ok(Err(e)) = &cut {
+        assert!(
+            matches!(
+                e,
+                NodeError::NotLeader { .. } | NodeError::Unknown(_) | NodeError::Timeout(_)
+            ),
+            "{e}"
+        );
+    }
     cluster.node(follower).wait_applied(index, T).await.unwrap();
     let snapshot = cluster
         .node(follower)

@@ -111,7 +111,7 @@ pub struct PeerNet {
 
 /// Why an exchange failed.
 #[derive(Debug)]
-enum Failure {
+pub(crate) enum Failure {
     /// Could not reach the peer (connect, handshake).
     Unreachable(String),
     /// The connection broke or the peer answered nonsense.
@@ -165,7 +165,7 @@ struct InFlight {
 }
 
 impl PeerNet {
-    fn new(ctx: Arc<NetCtx>, target: u64, addr: String) -> PeerNet {
+    pub(crate) fn new(ctx: Arc<NetCtx>, target: u64, addr: String) -> PeerNet {
         PeerNet {
             ctx,
             target,
@@ -261,7 +261,11 @@ impl PeerNet {
         }
     }
 
-    async fn call(&mut self, request: &Request, ttl: Duration) -> Result<Reply, Failure> {
+    pub(crate) async fn call(
+        &mut self,
+        request: &Request,
+        ttl: Duration,
+    ) -> Result<Reply, Failure> {
         self.link().await?;
         self.post(request)?;
         self.reply(ttl).await

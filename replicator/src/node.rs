@@ -38,6 +38,9 @@ use crate::server::{self, ServerCtx};
 use crate::state_machine::{SmStore, StateMachine};
 use crate::types::{Command, NodeInfo, Raft, Response, Session, TypeConfig};
 
+/// Attempts of a proposal through leader changes.
+const FORWARD_ATTEMPTS: usize = 20;
+
 /// Which fabric a node uses.
 #[derive(Clone, Debug)]
 pub enum Fabric {
@@ -308,13 +311,14 @@ impl NodeBuilder {
         .validate()
         .map_err(|e| NodeError::Config(e.to_string()))?;
         let metrics = Arc::new(Metrics::default());
-        let net = NetworkFactory::new(Arc::new(NetCtx {
+        let net_ctx = Arc::new(NetCtx {
             device: device.clone(),
             node_id: config.id,
             cluster_id: config.cluster_id,
             conn_config: config.conn.clone(),
             metrics: metrics.clone(),
-        }));
+        });
+        let net = NetworkFactory::new(net_ctx.clone());
         let raft = Raft::new(
             config.id,
             Arc::new(raft_config),
@@ -362,6 +366,8 @@ impl NodeBuilder {
                 ring,
                 guard,
                 metrics,
+                net_ctx,
+                leader_link: tokio::sync::Mutex::new(None),
                 tasks,
             }),
         })
@@ -406,6 +412,9 @@ struct Inner {
     ring: Arc<FencedRing>,
     guard: NodeGuard,
     metrics: Arc<Metrics>,
+    net_ctx: Arc<NetCtx>,
+    /// A connection to the leader, for forwarded proposals and read indexes.
+    leader_link: tokio::sync::Mutex<Option<(u64, crate::network::PeerNet)>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -520,7 +529,8 @@ impl Node {
 
     /// Appends `data`, waits until it is committed and applied, and returns
     /// its index and the state machine's answer. Concurrent proposals are
-    /// batched by openraft.
+    /// batched by openraft. On a follower the proposal is forwarded to the
+    /// leader; [`NodeError::NotLeader`] only when no leader can be reached.
     pub async fn propose(&self, data: Vec<u8>) -> Result<(u64, Vec<u8>), NodeError> {
         let r = self
             .write(Command {
@@ -547,27 +557,96 @@ impl Node {
 
     async fn write(&self, command: Command) -> Result<Response, NodeError> {
         let started = Instant::now();
-        let result = self.inner.raft.client_write(command).await;
-        match result {
-            Ok(resp) => {
-                self.inner.metrics.commit_latency.observe(started.elapsed());
-                self.inner.metrics.proposals.inc();
-                Ok(resp.data)
-            }
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(NodeError::NotLeader {
-                    leader_id: f.leader_id,
-                    leader_addr: f.leader_node.map(|n| n.addr),
-                })
-            }
-            Err(RaftError::APIError(e)) => Err(NodeError::Unknown(e.to_string())),
-            Err(RaftError::Fatal(f)) => Err(NodeError::Stopped(f.to_string())),
-        }
+        let response = self.write_anywhere(command).await?;
+        self.inner.metrics.commit_latency.observe(started.elapsed());
+        self.inner.metrics.proposals.inc();
+        Ok(response)
     }
 
-    /// Reads the state machine with the given consistency. Linearizable and
-    /// lease reads are served by the leader (others answer
-    /// [`NodeError::NotLeader`]); the daemon forwards them.
+    /// Proposes here when this node leads, else forwards to the leader over
+    /// the control plane (following leader changes a few times).
+    async fn write_anywhere(&self, command: Command) -> Result<Response, NodeError> {
+        let mut last_error = None;
+        for _attempt in 0..FORWARD_ATTEMPTS {
+            match self.inner.raft.client_write(command.clone()).await {
+                Ok(resp) => return Ok(resp.data),
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                    let Some(leader) = f.leader_id.filter(|l| *l != self.id()) else {
+                        // No leader yet (or one just elected here): wait a bit.
+                        last_error = Some(NodeError::NotLeader {
+                            leader_id: f.leader_id,
+                            leader_addr: f.leader_node.map(|n| n.addr),
+                        });
+                        tokio::time::sleep(Duration::from_millis(self.inner.config.heartbeat_ms))
+                            .await;
+                        continue;
+                    };
+                    let request = crate::protocol::Request::Propose(vec![command.clone()]);
+                    match self.leader_call(leader, request).await? {
+                        crate::protocol::Reply::Proposed(mut answers) if answers.len() == 1 => {
+                            return answers
+                                .pop()
+                                .expect("one answer")
+                                .map_err(NodeError::Unknown);
+                        }
+                        crate::protocol::Reply::NotLeader(_) => {
+                            last_error = Some(NodeError::NotLeader {
+                                leader_id: Some(leader),
+                                leader_addr: None,
+                            });
+                            tokio::time::sleep(Duration::from_millis(
+                                self.inner.config.heartbeat_ms,
+                            ))
+                            .await;
+                        }
+                        other => {
+                            return Err(NodeError::Unknown(format!("unexpected answer {other:?}")));
+                        }
+                    }
+                }
+                Err(RaftError::APIError(e)) => return Err(NodeError::Unknown(e.to_string())),
+                Err(RaftError::Fatal(f)) => return Err(NodeError::Stopped(f.to_string())),
+            }
+        }
+        Err(last_error.unwrap_or(NodeError::NotLeader {
+            leader_id: None,
+            leader_addr: None,
+        }))
+    }
+
+    /// One request to the leader `leader` over the control plane.
+    async fn leader_call(
+        &self,
+        leader: u64,
+        request: crate::protocol::Request,
+    ) -> Result<crate::protocol::Reply, NodeError> {
+        let addr = self
+            .status()
+            .members
+            .get(&leader)
+            .cloned()
+            .ok_or(NodeError::NotLeader {
+                leader_id: Some(leader),
+                leader_addr: None,
+            })?;
+        let mut link = self.inner.leader_link.lock().await;
+        if link.as_ref().is_none_or(|(id, _)| *id != leader) {
+            *link = Some((
+                leader,
+                crate::network::PeerNet::new(self.inner.net_ctx.clone(), leader, addr),
+            ));
+        }
+        let (_, net) = link.as_mut().expect("just set");
+        let ttl = Duration::from_millis(self.inner.config.election_timeout_ms.1 * 10);
+        net.call(&request, ttl)
+            .await
+            .map_err(|f| NodeError::Unknown(format!("forwarding to the leader {leader}: {f}")))
+    }
+
+    /// Reads the state machine with the given consistency. On a follower, a
+    /// linearizable or lease read asks the leader for its read index (the
+    /// leader confirms its leadership first), waits until this node applied
+    /// that far, then reads locally.
     pub async fn read<T>(
         &self,
         consistency: ReadConsistency,
@@ -579,19 +658,44 @@ impl Node {
             ReadConsistency::Lease => Some(ReadPolicy::LeaseRead),
         };
         if let Some(policy) = policy {
-            self.inner
-                .raft
-                .ensure_linearizable(policy)
-                .await
-                .map_err(|e| match e {
-                    RaftError::APIError(
-                        openraft::error::LinearizableReadError::ForwardToLeader(f),
-                    ) => NodeError::NotLeader {
-                        leader_id: f.leader_id,
-                        leader_addr: f.leader_node.map(|n| n.addr),
-                    },
-                    other => raft_error(other),
-                })?;
+            match self.inner.raft.ensure_linearizable(policy.clone()).await {
+                Ok(_) => {}
+                Err(RaftError::APIError(
+                    openraft::error::LinearizableReadError::ForwardToLeader(fwd),
+                )) => {
+                    // A follower: the leader confirms its leadership and
+                    // gives its read index; the read is served here once
+                    // this node applied that far.
+                    let leader =
+                        fwd.leader_id
+                            .filter(|l| *l != self.id())
+                            .ok_or(NodeError::NotLeader {
+                                leader_id: fwd.leader_id,
+                                leader_addr: None,
+                            })?;
+                    let lease = policy == ReadPolicy::LeaseRead;
+                    match self
+                        .leader_call(leader, crate::protocol::Request::ReadIndex { lease })
+                        .await?
+                    {
+                        crate::protocol::Reply::ReadIndex(index) => {
+                            let timeout =
+                                Duration::from_millis(self.inner.config.election_timeout_ms.1 * 10);
+                            self.wait_applied(index, timeout).await?;
+                        }
+                        crate::protocol::Reply::NotLeader(l) => {
+                            return Err(NodeError::NotLeader {
+                                leader_id: l,
+                                leader_addr: None,
+                            });
+                        }
+                        other => {
+                            return Err(NodeError::Raft(format!("unexpected answer {other:?}")));
+                        }
+                    }
+                }
+                Err(other) => return Err(raft_error(other)),
+            }
         }
         Ok(self.inner.sm.read(f).await)
     }

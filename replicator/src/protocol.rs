@@ -125,7 +125,19 @@ pub enum Request {
     },
     /// Leader transfer.
     TransferLeader(TransferLeaderRequest<TypeConfig>),
+    /// Commands a follower forwards to the leader (at most
+    /// [`MAX_FORWARDED_COMMANDS`]).
+    Propose(Vec<crate::types::Command>),
+    /// The leader's read index, after it confirmed its leadership with a
+    /// quorum (or, with `lease`, under its lease).
+    ReadIndex {
+        /// Use the leader's lease instead of a quorum round trip.
+        lease: bool,
+    },
 }
+
+/// Commands in one forwarded proposal.
+pub const MAX_FORWARDED_COMMANDS: usize = 1024;
 
 /// How the entries of an AppendEntries travel.
 #[derive(Debug, Serialize, Deserialize)]
@@ -194,6 +206,12 @@ pub enum Reply {
     Installed(SnapshotResponse<TypeConfig>),
     /// openraft's answer to a leader transfer.
     Transferred(TransferLeaderResponse<TypeConfig>),
+    /// The answers to forwarded commands, one per command.
+    Proposed(Vec<Result<crate::types::Response, String>>),
+    /// The leader's read index.
+    ReadIndex(u64),
+    /// This node is not the leader (the one it knows, if any).
+    NotLeader(Option<u64>),
     /// The request could not be handled.
     Error(String),
 }

@@ -165,7 +165,47 @@ async fn handle(request: Request, peer: u64, ctx: &ServerCtx, partial: &mut Part
             Ok(resp) => Reply::Transferred(resp),
             Err(e) => Reply::Error(e.to_string()),
         },
+        Request::Propose(commands) => propose(ctx, commands).await,
+        Request::ReadIndex { lease } => {
+            let policy = if lease {
+                openraft::ReadPolicy::LeaseRead
+            } else {
+                openraft::ReadPolicy::ReadIndex
+            };
+            match ctx.raft.ensure_linearizable(policy).await {
+                Ok(read) => Reply::ReadIndex(read.index()),
+                Err(openraft::error::RaftError::APIError(
+                    openraft::error::LinearizableReadError::ForwardToLeader(f),
+                )) => Reply::NotLeader(f.leader_id),
+                Err(e) => Reply::Error(e.to_string()),
+            }
+        }
     }
+}
+
+/// Proposes commands a follower forwarded; answers each in order.
+async fn propose(ctx: &ServerCtx, commands: Vec<crate::types::Command>) -> Reply {
+    if commands.len() > crate::protocol::MAX_FORWARDED_COMMANDS {
+        return Reply::Error(format!("{} commands in one forward", commands.len()));
+    }
+    let writes = commands.into_iter().map(|c| {
+        let raft = ctx.raft.clone();
+        async move { raft.client_write(c).await }
+    });
+    let results = futures::future::join_all(writes).await;
+    let mut answers = Vec::with_capacity(results.len());
+    for result in results {
+        match result {
+            Ok(resp) => answers.push(Ok(resp.data)),
+            Err(openraft::error::RaftError::APIError(
+                openraft::error::ClientWriteError::ForwardToLeader(f),
+            )) if answers.is_empty() => {
+                return Reply::NotLeader(f.leader_id);
+            }
+            Err(e) => answers.push(Err(e.to_string())),
+        }
+    }
+    Reply::Proposed(answers)
 }
 
 #[allow(clippy::too_many_arguments)]
