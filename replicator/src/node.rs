@@ -457,6 +457,18 @@ pub struct Status {
     pub members: BTreeMap<u64, String>,
 }
 
+/// Maps a membership or write error; a follower's ForwardToLeader becomes
+/// [`NodeError::NotLeader`].
+fn write_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> NodeError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => NodeError::NotLeader {
+            leader_id: f.leader_id,
+            leader_addr: f.leader_node.map(|n| n.addr),
+        },
+        other => raft_error(other),
+    }
+}
+
 fn raft_error<E: std::fmt::Display + std::fmt::Debug>(e: RaftError<TypeConfig, E>) -> NodeError {
     match e {
         RaftError::Fatal(f) => NodeError::Stopped(f.to_string()),
@@ -718,7 +730,7 @@ impl Node {
             .add_learner(id, NodeInfo { addr }, true)
             .await
             .map(|_| ())
-            .map_err(raft_error)
+            .map_err(write_error)
     }
 
     /// Makes learners `ids` voters.
@@ -728,7 +740,7 @@ impl Node {
             .change_membership(ChangeMembers::AddVoterIds(ids), false)
             .await
             .map(|_| ())
-            .map_err(raft_error)
+            .map_err(write_error)
     }
 
     /// Removes members `ids` (voters are demoted and removed).
@@ -737,13 +749,13 @@ impl Node {
             .raft
             .change_membership(ChangeMembers::RemoveVoters(ids.clone()), false)
             .await
-            .map_err(raft_error)?;
+            .map_err(write_error)?;
         self.inner
             .raft
             .change_membership(ChangeMembers::RemoveNodes(ids), false)
             .await
             .map(|_| ())
-            .map_err(raft_error)
+            .map_err(write_error)
     }
 
     /// Asks the leader to hand leadership to `to`.
@@ -762,6 +774,23 @@ impl Node {
         &self,
     ) -> openraft::alias::WatchReceiverOf<TypeConfig, openraft::RaftMetrics<TypeConfig>> {
         self.inner.raft.metrics()
+    }
+
+    /// On the leader: how many entries each follower is behind its last log
+    /// entry (empty elsewhere).
+    pub fn replication_lag(&self) -> BTreeMap<u64, u64> {
+        use openraft::async_runtime::WatchReceiver;
+        let m = self.inner.raft.metrics().borrow_watched().clone();
+        let (Some(replication), Some(last)) = (m.replication.as_ref(), m.last_log_index) else {
+            return BTreeMap::new();
+        };
+        replication
+            .iter()
+            .map(|(id, matched)| {
+                let next = matched.as_ref().map_or(0, |l| l.index + 1);
+                (*id, (last + 1).saturating_sub(next))
+            })
+            .collect()
     }
 
     /// This node's current view.

@@ -42,6 +42,8 @@ pub const SNAPSHOT_FILE: &str = "snapshot";
 pub struct Applied<'a> {
     /// Its log index.
     pub index: u64,
+    /// The term of its entry.
+    pub term: u64,
     /// The command's bytes.
     pub data: &'a [u8],
 }
@@ -280,7 +282,7 @@ impl RaftStateMachine<TypeConfig> for SmStore {
             batch.push((entry, responder));
         }
         let mut answers: Vec<Option<Response>> = Vec::with_capacity(batch.len());
-        let mut fresh: Vec<(usize, u64, &Command)> = Vec::new();
+        let mut fresh: Vec<(usize, (u64, u64), &Command)> = Vec::new();
         for (k, (entry, _)) in batch.iter().enumerate() {
             match &entry.payload {
                 EntryPayload::Normal(cmd) => {
@@ -288,7 +290,11 @@ impl RaftStateMachine<TypeConfig> for SmStore {
                         .session
                         .and_then(|s| inner.sessions.lookup(s.client_id, s.seq));
                     if dup.is_none() {
-                        fresh.push((k, entry.log_id.index, cmd));
+                        fresh.push((
+                            k,
+                            (entry.log_id.index, crate::types::term_of(&entry.log_id)),
+                            cmd,
+                        ));
                     }
                     answers.push(dup);
                 }
@@ -317,8 +323,9 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         }
         let applied: Vec<Applied<'_>> = to_apply
             .iter()
-            .map(|(_, index, cmd)| Applied {
+            .map(|(_, (index, term), cmd)| Applied {
                 index: *index,
+                term: *term,
                 data: &cmd.data,
             })
             .collect();
@@ -334,7 +341,7 @@ impl RaftStateMachine<TypeConfig> for SmStore {
                 applied.len()
             )));
         }
-        for ((k, index, cmd), data) in to_apply.iter().zip(results) {
+        for ((k, (index, _), cmd), data) in to_apply.iter().zip(results) {
             if let Some(s) = cmd.session {
                 inner.sessions.record(s.client_id, s.seq, *index, &data);
             }

@@ -1,0 +1,395 @@
+//! `ringraft serve`'s configuration: command-line flags and a TOML file with
+//! the same keys (flags win). Every value is checked before anything starts;
+//! a bad value is a clear error, never a default.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use clap::Args;
+use serde::Deserialize;
+
+/// The flags of `ringraft serve` (every one may also come from the file).
+#[derive(Args, Clone, Debug, Default)]
+pub struct ServeArgs {
+    /// This node's id (1..=65535).
+    #[arg(long)]
+    pub id: Option<u64>,
+    /// Data directory (ring, metadata file, snapshot).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Control-plane and fabric address (host:port).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Client API address (host:port).
+    #[arg(long)]
+    pub client: Option<String>,
+    /// Every initial voter by its --listen address: id=host:port,...
+    #[arg(long)]
+    pub peers: Option<String>,
+    /// Initialize the cluster with --peers as voters (harmless when repeated
+    /// or on restart).
+    #[arg(long)]
+    pub bootstrap: bool,
+    /// auto (rdma when available, else tcp), tcp, or rdma.
+    #[arg(long)]
+    pub fabric: Option<String>,
+    /// RDMA device name (e.g. rxe0).
+    #[arg(long)]
+    pub rdma_device: Option<String>,
+    /// memory or fsync.
+    #[arg(long)]
+    pub durability: Option<String>,
+    /// Ring data area capacity in bytes (power of two, >= 1 MiB).
+    #[arg(long)]
+    pub ring_capacity: Option<u64>,
+    /// Largest record, bytes.
+    #[arg(long)]
+    pub max_record: Option<u64>,
+    /// Prometheus metrics and health endpoint (host:port).
+    #[arg(long)]
+    pub metrics: Option<String>,
+    /// File holding the cluster secret (at least 16 bytes).
+    #[arg(long)]
+    pub secret_file: Option<PathBuf>,
+    /// Cluster id (a data directory or peer of another cluster is refused).
+    #[arg(long)]
+    pub cluster_id: Option<u64>,
+    /// Log format: text or json.
+    #[arg(long)]
+    pub log_format: Option<String>,
+    /// Election timeout range in ms: min,max.
+    #[arg(long)]
+    pub election_timeout_ms: Option<String>,
+    /// Heartbeat interval in ms.
+    #[arg(long)]
+    pub heartbeat_ms: Option<u64>,
+    /// TOML file with the same keys as the flags (flags win).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// The TOML file's keys (the flags' names with `_`).
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    id: Option<u64>,
+    data_dir: Option<PathBuf>,
+    listen: Option<String>,
+    client: Option<String>,
+    peers: Option<String>,
+    bootstrap: Option<bool>,
+    fabric: Option<String>,
+    rdma_device: Option<String>,
+    durability: Option<String>,
+    ring_capacity: Option<u64>,
+    max_record: Option<u64>,
+    metrics: Option<String>,
+    secret_file: Option<PathBuf>,
+    cluster_id: Option<u64>,
+    log_format: Option<String>,
+    election_timeout_ms: Option<String>,
+    heartbeat_ms: Option<u64>,
+}
+
+/// The secret used when no --secret-file is given (development only: the
+/// daemon warns).
+pub const DEV_SECRET: &[u8] = b"ringraft development secret, not for production";
+
+/// Which fabric to use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FabricChoice {
+    /// rdma when built with it and a device is active, else tcp.
+    Auto,
+    /// The software RNIC over TCP.
+    Tcp,
+    /// Real RDMA.
+    Rdma,
+}
+
+/// A checked configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub id: u64,
+    pub data_dir: PathBuf,
+    pub listen: String,
+    pub client: String,
+    pub peers: BTreeMap<u64, String>,
+    pub bootstrap: bool,
+    pub fabric: FabricChoice,
+    pub rdma_device: Option<String>,
+    pub durability: ringraft::Durability,
+    pub ring_capacity: u64,
+    pub max_record: u64,
+    pub metrics: Option<String>,
+    pub secret: Vec<u8>,
+    pub cluster_id: u64,
+    pub json_logs: bool,
+    pub election_timeout_ms: (u64, u64),
+    pub heartbeat_ms: u64,
+}
+
+/// Parses `id=host:port,...`.
+pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>, String> {
+    let mut peers = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .ok_or_else(|| format!("peer {part:?}: expected id=host:port"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .map_err(|e| format!("peer id {id:?}: {e}"))?;
+        if id == 0 || id > ringraft_wal::layout::MAX_NODE_ID {
+            return Err(format!("peer id {id} is not in 1..=65535"));
+        }
+        let addr = addr.trim();
+        if !addr.contains(':') {
+            return Err(format!("peer {id} address {addr:?}: expected host:port"));
+        }
+        if peers.insert(id, addr.to_string()).is_some() {
+            return Err(format!("peer {id} listed twice"));
+        }
+    }
+    Ok(peers)
+}
+
+impl ServeArgs {
+    /// Merges the file (if any) under the flags, and checks everything.
+    pub fn resolve(self) -> Result<Config, String> {
+        let file = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("config {}: {e}", path.display()))?;
+                toml::from_str::<FileConfig>(&text)
+                    .map_err(|e| format!("config {}: {e}", path.display()))?
+            }
+            None => FileConfig::default(),
+        };
+        let id = self.id.or(file.id).ok_or("--id is required")?;
+        if id == 0 || id > ringraft_wal::layout::MAX_NODE_ID {
+            return Err(format!("--id {id} is not in 1..=65535"));
+        }
+        let data_dir = self
+            .data_dir
+            .or(file.data_dir)
+            .ok_or("--data-dir is required")?;
+        let listen = self.listen.or(file.listen).ok_or("--listen is required")?;
+        let client = self.client.or(file.client).ok_or("--client is required")?;
+        let peers = parse_peers(&self.peers.or(file.peers).ok_or("--peers is required")?)?;
+        if peers.get(&id).is_some_and(|addr| *addr != listen) {
+            return Err(format!(
+                "--peers gives node {id} the address {}, but --listen is {listen}",
+                peers[&id]
+            ));
+        }
+        let fabric = match self.fabric.or(file.fabric).as_deref().unwrap_or("auto") {
+            "auto" => FabricChoice::Auto,
+            "tcp" => FabricChoice::Tcp,
+            "rdma" => FabricChoice::Rdma,
+            other => return Err(format!("--fabric {other}: expected auto, tcp or rdma")),
+        };
+        let durability = match self
+            .durability
+            .or(file.durability)
+            .as_deref()
+            .unwrap_or("memory")
+        {
+            "memory" => ringraft::Durability::Memory,
+            "fsync" => ringraft::Durability::Fsync,
+            other => return Err(format!("--durability {other}: expected memory or fsync")),
+        };
+        let ring_capacity = self
+            .ring_capacity
+            .or(file.ring_capacity)
+            .unwrap_or(64 << 20);
+        ringraft_wal::layout::check_capacity(ring_capacity)
+            .map_err(|e| format!("--ring-capacity: {e}"))?;
+        let max_record = self.max_record.or(file.max_record).unwrap_or(1 << 20);
+        if max_record == 0 || max_record > ring_capacity / 4 {
+            return Err(format!(
+                "--max-record {max_record} must be in 1..={} (a quarter of the ring)",
+                ring_capacity / 4
+            ));
+        }
+        let secret = match self.secret_file.or(file.secret_file) {
+            Some(path) => {
+                let bytes = std::fs::read(&path)
+                    .map_err(|e| format!("--secret-file {}: {e}", path.display()))?;
+                let trimmed = bytes.trim_ascii().to_vec();
+                if trimmed.len() < 16 {
+                    return Err(format!(
+                        "--secret-file {}: the secret must be at least 16 bytes",
+                        path.display()
+                    ));
+                }
+                trimmed
+            }
+            None => DEV_SECRET.to_vec(),
+        };
+        let json_logs = match self
+            .log_format
+            .or(file.log_format)
+            .as_deref()
+            .unwrap_or("text")
+        {
+            "text" => false,
+            "json" => true,
+            other => return Err(format!("--log-format {other}: expected text or json")),
+        };
+        let election_timeout_ms = match self.election_timeout_ms.or(file.election_timeout_ms) {
+            Some(s) => {
+                let (a, b) = s
+                    .split_once(',')
+                    .ok_or("--election-timeout-ms: expected min,max")?;
+                let (a, b): (u64, u64) = (
+                    a.trim()
+                        .parse()
+                        .map_err(|e| format!("--election-timeout-ms: {e}"))?,
+                    b.trim()
+                        .parse()
+                        .map_err(|e| format!("--election-timeout-ms: {e}"))?,
+                );
+                if a == 0 || b <= a {
+                    return Err("--election-timeout-ms: need 0 < min < max".into());
+                }
+                (a, b)
+            }
+            None => (300, 600),
+        };
+        let heartbeat_ms = self.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(100);
+        if heartbeat_ms == 0 || heartbeat_ms >= election_timeout_ms.0 {
+            return Err("--heartbeat-ms must be below the election timeout".into());
+        }
+        Ok(Config {
+            id,
+            data_dir,
+            listen,
+            client,
+            peers,
+            bootstrap: self.bootstrap || file.bootstrap.unwrap_or(false),
+            fabric,
+            rdma_device: self.rdma_device.or(file.rdma_device),
+            durability,
+            ring_capacity,
+            max_record,
+            metrics: self.metrics.or(file.metrics),
+            secret,
+            cluster_id: self.cluster_id.or(file.cluster_id).unwrap_or(0x5249_4e47),
+            json_logs,
+            election_timeout_ms,
+            heartbeat_ms,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> ServeArgs {
+        ServeArgs {
+            id: Some(1),
+            data_dir: Some("/tmp/x".into()),
+            listen: Some("127.0.0.1:7001".into()),
+            client: Some("127.0.0.1:8001".into()),
+            peers: Some("1=127.0.0.1:7001,2=127.0.0.1:7002".into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn peers_parse_and_reject_garbage() {
+        assert_eq!(parse_peers("1=a:1, 2=b:2").unwrap().len(), 2);
+        for bad in [
+            "1",
+            "x=a:1",
+            "0=a:1",
+            "1=a:1,1=b:2",
+            "1=nohost",
+            "70000=a:1",
+        ] {
+            assert!(parse_peers(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn flags_resolve_and_bad_values_are_errors() {
+        let c = base().resolve().unwrap();
+        assert_eq!(c.peers.len(), 2);
+        assert_eq!(c.fabric, FabricChoice::Auto);
+        for (field, bad) in [
+            (
+                "fabric",
+                ServeArgs {
+                    fabric: Some("udp".into()),
+                    ..base()
+                },
+            ),
+            (
+                "durability",
+                ServeArgs {
+                    durability: Some("sometimes".into()),
+                    ..base()
+                },
+            ),
+            (
+                "ring",
+                ServeArgs {
+                    ring_capacity: Some(3 << 20),
+                    ..base()
+                },
+            ),
+            (
+                "record",
+                ServeArgs {
+                    max_record: Some(1 << 40),
+                    ..base()
+                },
+            ),
+            (
+                "id",
+                ServeArgs {
+                    id: Some(0),
+                    ..base()
+                },
+            ),
+            (
+                "listen",
+                ServeArgs {
+                    listen: Some("127.0.0.1:9".into()),
+                    ..base()
+                },
+            ),
+        ] {
+            assert!(bad.resolve().is_err(), "{field}");
+        }
+    }
+
+    #[test]
+    fn the_file_fills_in_and_flags_win() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n.toml");
+        std::fs::write(
+            &path,
+            "id = 2\ndata_dir = \"/tmp/n2\"\nlisten = \"127.0.0.1:7002\"\nclient = \"127.0.0.1:8002\"\npeers = \"1=127.0.0.1:7001,2=127.0.0.1:7002\"\ndurability = \"fsync\"\n",
+        )
+        .unwrap();
+        let c = ServeArgs {
+            config: Some(path.clone()),
+            durability: Some("memory".into()),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(c.id, 2);
+        assert_eq!(c.durability, ringraft::Durability::Memory, "the flag wins");
+        std::fs::write(&path, "id = 2\nnot_a_key = 1\n").unwrap();
+        let err = ServeArgs {
+            config: Some(path),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap_err();
+        assert!(err.contains("unknown field"), "{err}");
+    }
+}

@@ -1,0 +1,28 @@
+//! # ringraft_client
+//!
+//! The Rust client of ringraft's client API (gRPC, `proto/ringraft/v1/log.proto`,
+//! version 1), used by the `ringraft` command-line client and by tests.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ringraft_client::ClientError> {
+//! use std::time::Duration;
+//! use ringraft_client::Client;
+//! let mut client = Client::new(vec!["127.0.0.1:7001".into(), "127.0.0.1:7002".into()], Duration::from_secs(2));
+//! let indexes = client.append(vec![b"hello".to_vec()]).await?;
+//! let records = client.read(indexes[0], indexes[0], ringraft_client::Consistency::Linearizable).await?;
+//! # Ok(()) }
+//! ```
+
+pub mod client;
+
+/// The generated protobuf and gRPC code.
+pub mod proto {
+    #![allow(missing_docs, clippy::all)]
+    tonic::include_proto!("ringraft.v1");
+}
+
+pub use client::{Client, ClientError};
+pub use proto::Consistency;
+
+/// The API version this crate speaks (request metadata `ringraft-api`).
+pub const API_VERSION: &str = "1";

@@ -1,0 +1,255 @@
+//! Prometheus metrics at `/metrics` and a health check at `/health`.
+//!
+//! Values are read at scrape time from the node (openraft's metrics and the
+//! data plane's counters), the ring and the fabric device (on rdma, the
+//! port's `hw_counters`), into a fresh registry.
+
+use std::fmt::Write as _;
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use ringraft::Node;
+use ringraft::metrics::LATENCY_BUCKETS_US;
+
+use crate::records::Records;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FollowerLabel {
+    follower: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CounterLabel {
+    counter: String,
+}
+
+fn gauge(registry: &mut Registry, name: &str, help: &str, value: i64) {
+    let g: Gauge = Gauge::default();
+    g.set(value);
+    registry.register(name, help, g);
+}
+
+/// The exposition text.
+pub fn render(node: &Node, records: &Records) -> String {
+    let mut registry = Registry::with_prefix("ringraft");
+    let status = node.status();
+    let m = node.metrics();
+    gauge(
+        &mut registry,
+        "term",
+        "Current Raft term",
+        status.term as i64,
+    );
+    gauge(
+        &mut registry,
+        "is_leader",
+        "1 when this node leads",
+        (status.leader_id == Some(status.id)) as i64,
+    );
+    gauge(
+        &mut registry,
+        "commit_index",
+        "Highest committed index",
+        status.commit_index.unwrap_or(0) as i64,
+    );
+    gauge(
+        &mut registry,
+        "applied_index",
+        "Highest applied index",
+        status.applied_index.unwrap_or(0) as i64,
+    );
+    gauge(
+        &mut registry,
+        "last_log_index",
+        "Last log index",
+        status.last_log_index.unwrap_or(0) as i64,
+    );
+    gauge(
+        &mut registry,
+        "records",
+        "Committed records held",
+        records.len() as i64,
+    );
+    gauge(
+        &mut registry,
+        "proposals",
+        "Proposals committed through this node",
+        m.proposals.get() as i64,
+    );
+    gauge(
+        &mut registry,
+        "fence_changes",
+        "Times this node took a follower's fence",
+        m.fence_changes.get() as i64,
+    );
+    gauge(
+        &mut registry,
+        "rejected_records",
+        "Written records refused at adoption",
+        m.rejected_records.get() as i64,
+    );
+    gauge(
+        &mut registry,
+        "fenced_writes",
+        "WRITEs refused because this leader was fenced out",
+        m.fenced_writes.get() as i64,
+    );
+    gauge(
+        &mut registry,
+        "bytes_written",
+        "Bytes written one-sided into followers' rings",
+        m.bytes_written.get() as i64,
+    );
+    gauge(
+        &mut registry,
+        "rkey_rotations",
+        "Rotations of the ring's data rkey",
+        node.rkey_rotations() as i64,
+    );
+    gauge(
+        &mut registry,
+        "votes_blocked",
+        "1 while the log is corrupt inside and the node refuses votes",
+        node.log_store().votes_blocked() as i64,
+    );
+    let (used, capacity) = node.log_store().with_wal(|w| {
+        let r = w.ring();
+        (r.tail_lsn() - r.head_lsn(), r.geometry().capacity)
+    });
+    gauge(
+        &mut registry,
+        "ring_used_bytes",
+        "Bytes of the ring in use",
+        used as i64,
+    );
+    gauge(
+        &mut registry,
+        "ring_capacity_bytes",
+        "Ring data area capacity",
+        capacity as i64,
+    );
+
+    // Replication lag per follower (leader only): entries behind the last log.
+    let lag = Family::<FollowerLabel, Gauge>::default();
+    for (id, behind) in node.replication_lag() {
+        lag.get_or_create(&FollowerLabel {
+            follower: id.to_string(),
+        })
+        .set(behind as i64);
+    }
+    registry.register(
+        "replication_lag_entries",
+        "Entries a follower is behind (leader only)",
+        lag,
+    );
+
+    // The fabric device's counters (rdma: the port's hw_counters; the
+    // software fabrics: connection and refusal counts).
+    let nic = Family::<CounterLabel, Gauge>::default();
+    for (name, value) in node.device().counters() {
+        nic.get_or_create(&CounterLabel { counter: name })
+            .set(value as i64);
+    }
+    registry.register("nic_counter", "Fabric device counters", nic);
+
+    let mut text = String::new();
+    if prometheus_client::encoding::text::encode(&mut text, &registry).is_err() {
+        return "# encoding failed\n".into();
+    }
+    // The commit latency histogram, from the node's fixed buckets.
+    let (buckets, sum_us, count) = m.commit_latency.snapshot();
+    let mut hist = String::new();
+    let _ = writeln!(
+        hist,
+        "# HELP ringraft_commit_latency_seconds Proposal to committed-and-applied answer."
+    );
+    let _ = writeln!(hist, "# TYPE ringraft_commit_latency_seconds histogram");
+    let mut cumulative = 0;
+    for (k, upper) in LATENCY_BUCKETS_US.iter().enumerate() {
+        cumulative += buckets[k];
+        let le = if *upper == u64::MAX {
+            "+Inf".to_string()
+        } else {
+            format!("{}", *upper as f64 / 1e6)
+        };
+        let _ = writeln!(
+            hist,
+            "ringraft_commit_latency_seconds_bucket{{le=\"{le}\"}} {cumulative}"
+        );
+    }
+    let _ = writeln!(
+        hist,
+        "ringraft_commit_latency_seconds_sum {}",
+        sum_us as f64 / 1e6
+    );
+    let _ = writeln!(hist, "ringraft_commit_latency_seconds_count {count}");
+    match text.rfind("# EOF") {
+        Some(at) => text.insert_str(at, &hist),
+        None => text.push_str(&hist),
+    }
+    text
+}
+
+/// Serves `/metrics` and `/health` on `addr` until `shutdown` turns true.
+pub async fn serve(
+    addr: &str,
+    node: Node,
+    records: Records,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>, String> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("--metrics {addr}: {e}"))?;
+    let metrics_node = node.clone();
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let (node, records) = (metrics_node.clone(), records.clone());
+                async move {
+                    (
+                        [(
+                            "content-type",
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        render(&node, &records),
+                    )
+                }
+            }),
+        )
+        .route(
+            "/health",
+            get(move || {
+                let node = node.clone();
+                async move {
+                    let s = node.status();
+                    let healthy = s.leader_id.is_some();
+                    let body = serde_json::json!({
+                        "id": s.id,
+                        "state": s.state,
+                        "leader_id": s.leader_id,
+                        "term": s.term,
+                        "healthy": healthy,
+                    });
+                    let code = if healthy {
+                        StatusCode::OK
+                    } else {
+                        StatusCode::SERVICE_UNAVAILABLE
+                    };
+                    (code, body.to_string())
+                }
+            }),
+        );
+    Ok(tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = shutdown.wait_for(|stop| *stop).await;
+            })
+            .await;
+    }))
+}

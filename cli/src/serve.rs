@@ -1,0 +1,132 @@
+//! `ringraft serve`: one node of a replicated log, its client API, and its
+//! metrics endpoint, until SIGTERM or SIGINT (then: stop accepting, flush,
+//! close).
+
+use std::time::Duration;
+
+use ringraft::{Fabric, NodeBuilder, NodeConfig};
+use ringraft_client::proto::log_server::LogServer;
+
+use crate::config::{Config, FabricChoice};
+use crate::records::Records;
+use crate::service::LogService;
+
+/// Largest client API message, bytes (records above --max-record are refused
+/// individually before this).
+pub const MAX_CLIENT_MESSAGE_BYTES: usize = 64 << 20;
+
+fn fabric(config: &Config) -> Fabric {
+    match config.fabric {
+        FabricChoice::Tcp => Fabric::Tcp,
+        FabricChoice::Rdma => Fabric::Rdma {
+            device: config.rdma_device.clone(),
+        },
+        FabricChoice::Auto => Fabric::Auto {
+            rdma_device: config.rdma_device.clone(),
+        },
+    }
+}
+
+/// Runs the daemon until a termination signal.
+pub async fn run(config: Config) -> Result<(), String> {
+    let mut node_config = NodeConfig::new(config.id, &config.data_dir, config.listen.clone());
+    node_config.cluster_id = config.cluster_id;
+    node_config.peers = config.peers.clone();
+    node_config.durability = config.durability;
+    node_config.ring_capacity = config.ring_capacity;
+    // A record travels as a command in a ring record: leave room for the
+    // envelope (session, encoding).
+    node_config.max_record_bytes = config.max_record + 256;
+    node_config.election_timeout_ms = config.election_timeout_ms;
+    node_config.heartbeat_ms = config.heartbeat_ms;
+    let records = Records::default();
+    let node = NodeBuilder::new(node_config)
+        .fabric(fabric(&config))
+        .secret(config.secret.clone())
+        .state_machine(records.clone())
+        .start()
+        .await
+        .map_err(|e| format!("node {}: {e}", config.id))?;
+    let backend = node.device().backend().to_string();
+    tracing::info!(
+        id = config.id,
+        listen = %config.listen,
+        client = %config.client,
+        fabric = %backend,
+        durability = ?config.durability,
+        data_dir = %config.data_dir.display(),
+        "ringraft node up"
+    );
+    if config.bootstrap {
+        node.initialize()
+            .await
+            .map_err(|e| format!("bootstrap: {e}"))?;
+    }
+
+    let client_addr: std::net::SocketAddr = tokio::net::lookup_host(&config.client)
+        .await
+        .map_err(|e| format!("--client {}: {e}", config.client))?
+        .next()
+        .ok_or_else(|| format!("--client {} resolves to nothing", config.client))?;
+    let listener = tokio::net::TcpListener::bind(client_addr)
+        .await
+        .map_err(|e| format!("--client {client_addr}: {e}"))?;
+    let service = LogService::new(
+        node.clone(),
+        records.clone(),
+        config.max_record as usize,
+        backend,
+        format!("{:?}", config.durability).to_lowercase(),
+    );
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let mut grpc_shutdown = shutdown_rx.clone();
+    let grpc = tokio::spawn(
+        tonic::transport::Server::builder()
+            .timeout(Duration::from_secs(120))
+            .add_service(
+                LogServer::new(service)
+                    .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+            )
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                async move {
+                    let _ = grpc_shutdown.wait_for(|stop| *stop).await;
+                },
+            ),
+    );
+    let metrics = match &config.metrics {
+        Some(addr) => Some(
+            crate::metrics::serve(addr, node.clone(), records.clone(), shutdown_rx.clone()).await?,
+        ),
+        None => None,
+    };
+
+    wait_for_signal().await;
+    tracing::info!("stopping: no new requests, flushing, closing");
+    let _ = shutdown_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), grpc).await;
+    if let Some(m) = metrics {
+        let _ = tokio::time::timeout(Duration::from_secs(2), m).await;
+    }
+    node.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers the daemon still runs; it just cannot stop
+        // gracefully.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

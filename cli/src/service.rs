@@ -1,0 +1,354 @@
+//! The client API's server: the gRPC service of `proto/ringraft/v1/log.proto`
+//! over a [`ringraft::Node`] and its [`Records`].
+//!
+//! Input from clients is never trusted: sizes are checked against the
+//! configured limits before anything is proposed, and every error is a
+//! gRPC status with a message a user can act on.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use ringraft::{Node, NodeError, ReadConsistency, Session};
+use tonic::{Request, Response, Status};
+
+use crate::records::Records;
+use ringraft_client::proto::log_server::Log;
+use ringraft_client::proto::{
+    AddLearnerRequest, AppendRequest, AppendResponse, Consistency, FollowRequest, Member,
+    MembersRequest, MembersResponse, PromoteRequest, ReadRequest, Record, RemoveRequest,
+    StatusRequest, StatusResponse, TransferLeaderRequest, TransferLeaderResponse,
+};
+
+/// Records in one Append.
+pub const MAX_RECORDS_PER_APPEND: usize = 4096;
+/// Records sent per message burst of a Read or Follow.
+const STREAM_CHUNK: usize = 256;
+
+/// The service.
+pub struct LogService {
+    node: Node,
+    records: Records,
+    /// Largest record accepted, bytes.
+    max_record: usize,
+    fabric: String,
+    durability: String,
+}
+
+impl LogService {
+    /// A service over `node`.
+    pub fn new(
+        node: Node,
+        records: Records,
+        max_record: usize,
+        fabric: String,
+        durability: String,
+    ) -> LogService {
+        LogService {
+            node,
+            records,
+            max_record,
+            fabric,
+            durability,
+        }
+    }
+}
+
+/// Maps the node's errors to gRPC statuses.
+pub fn status(e: NodeError) -> Status {
+    match e {
+        NodeError::NotLeader { leader_id, .. } => Status::unavailable(format!(
+            "no reachable leader (last known: {leader_id:?}); try another node"
+        )),
+        NodeError::Unknown(m) => {
+            Status::unavailable(format!("outcome unknown, retry with the same session: {m}"))
+        }
+        NodeError::Timeout(m) => Status::deadline_exceeded(m),
+        NodeError::Stopped(m) => Status::unavailable(format!("node stopping: {m}")),
+        NodeError::Config(m) => Status::invalid_argument(m),
+        NodeError::Storage(m) | NodeError::Fabric(m) | NodeError::Raft(m) => Status::internal(m),
+    }
+}
+
+fn consistency(value: i32) -> Result<ReadConsistency, Status> {
+    match Consistency::try_from(value) {
+        Ok(Consistency::Linearizable) => Ok(ReadConsistency::Linearizable),
+        Ok(Consistency::Lease) => Ok(ReadConsistency::Lease),
+        Ok(Consistency::Stale) => Ok(ReadConsistency::Stale),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "unknown consistency {value}"
+        ))),
+    }
+}
+
+fn members_of(node: &Node) -> Vec<Member> {
+    let s = node.status();
+    s.members
+        .iter()
+        .map(|(id, addr)| Member {
+            id: *id,
+            addr: addr.clone(),
+            voter: s.voters.contains(id),
+        })
+        .collect()
+}
+
+type RecordStream = Pin<Box<dyn Stream<Item = Result<Record, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl Log for LogService {
+    async fn append(
+        &self,
+        request: Request<AppendRequest>,
+    ) -> Result<Response<AppendResponse>, Status> {
+        let req = request.into_inner();
+        if req.records.is_empty() {
+            return Err(Status::invalid_argument("no records"));
+        }
+        if req.records.len() > MAX_RECORDS_PER_APPEND {
+            return Err(Status::invalid_argument(format!(
+                "{} records in one append (limit {MAX_RECORDS_PER_APPEND})",
+                req.records.len()
+            )));
+        }
+        if let Some((k, r)) = req
+            .records
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.len() > self.max_record)
+        {
+            return Err(Status::invalid_argument(format!(
+                "record {k} is {} bytes, above --max-record {}",
+                r.len(),
+                self.max_record
+            )));
+        }
+        let session = req.client_id != 0;
+        if session
+            && req
+                .first_seq
+                .checked_add(req.records.len() as u64)
+                .is_none()
+        {
+            return Err(Status::invalid_argument("sequence numbers overflow"));
+        }
+        // Pipelined: every record is proposed at once; openraft batches them.
+        let proposals = req.records.into_iter().enumerate().map(|(k, data)| {
+            let node = self.node.clone();
+            let seq = req.first_seq + k as u64;
+            let client_id = req.client_id;
+            async move {
+                if session {
+                    node.propose_in_session(Session { client_id, seq }, data)
+                        .await
+                } else {
+                    node.propose(data)
+                        .await
+                        .map(|(index, data)| ringraft::Response {
+                            index,
+                            data,
+                            duplicate: false,
+                        })
+                }
+            }
+        });
+        let results = futures::future::join_all(proposals).await;
+        let mut indexes = Vec::with_capacity(results.len());
+        let mut duplicates = Vec::with_capacity(results.len());
+        for r in results {
+            let r = r.map_err(status)?;
+            if r.duplicate && r.index == 0 {
+                return Err(Status::failed_precondition(
+                    "a retry older than the session's remembered window; its index is no longer known",
+                ));
+            }
+            indexes.push(r.index);
+            duplicates.push(r.duplicate);
+        }
+        Ok(Response::new(AppendResponse {
+            indexes,
+            duplicates,
+        }))
+    }
+
+    type ReadStream = RecordStream;
+
+    async fn read(
+        &self,
+        request: Request<ReadRequest>,
+    ) -> Result<Response<Self::ReadStream>, Status> {
+        let req = request.into_inner();
+        let consistency = consistency(req.consistency)?;
+        if req.to != 0 && req.to < req.from {
+            return Err(Status::invalid_argument(format!(
+                "range {}..={} is empty",
+                req.from, req.to
+            )));
+        }
+        // Linearizable: confirm with the leader, wait until applied that far.
+        let applied = self
+            .node
+            .read(consistency, |_| ())
+            .await
+            .map(|_| *self.records.watch_applied().borrow())
+            .map_err(status)?;
+        let to = if req.to == 0 {
+            applied
+        } else {
+            req.to.min(applied)
+        };
+        let records = self.records.clone();
+        let from = req.from;
+        let stream = futures::stream::unfold(from, move |next| {
+            let records = records.clone();
+            async move {
+                if next > to {
+                    return None;
+                }
+                let chunk = records.range(next, to);
+                let chunk: Vec<_> = chunk.into_iter().take(STREAM_CHUNK).collect();
+                let after = chunk.last().map_or(to + 1, |(i, _)| i + 1);
+                let items: Vec<Result<Record, Status>> = chunk
+                    .into_iter()
+                    .map(|(index, r)| {
+                        Ok(Record {
+                            index,
+                            term: r.term,
+                            data: r.data,
+                        })
+                    })
+                    .collect();
+                Some((futures::stream::iter(items), after))
+            }
+        })
+        .flatten();
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    type FollowStream = RecordStream;
+
+    async fn follow(
+        &self,
+        request: Request<FollowRequest>,
+    ) -> Result<Response<Self::FollowStream>, Status> {
+        let from = request.into_inner().from;
+        let records = self.records.clone();
+        let applied = records.watch_applied();
+        let stream = futures::stream::unfold((from, records), move |(next, records)| {
+            let mut applied = applied.clone();
+            async move {
+                loop {
+                    let chunk = records.from(next, STREAM_CHUNK);
+                    if !chunk.is_empty() {
+                        let after = chunk.last().expect("non-empty").0 + 1;
+                        let items: Vec<Result<Record, Status>> = chunk
+                            .into_iter()
+                            .map(|(index, r)| {
+                                Ok(Record {
+                                    index,
+                                    term: r.term,
+                                    data: r.data,
+                                })
+                            })
+                            .collect();
+                        return Some((futures::stream::iter(items), (after, records)));
+                    }
+                    // Wait for more (and wake up now and then: a client that
+                    // went away is noticed when the send fails).
+                    let _ = tokio::time::timeout(Duration::from_secs(1), applied.changed()).await;
+                }
+            }
+        })
+        .flatten();
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        let s = self.node.status();
+        Ok(Response::new(StatusResponse {
+            id: s.id,
+            state: s.state.clone(),
+            leader_id: s.leader_id.unwrap_or(0),
+            leader_addr: s
+                .leader_id
+                .and_then(|l| s.members.get(&l).cloned())
+                .unwrap_or_default(),
+            term: s.term,
+            commit_index: s.commit_index.unwrap_or(0),
+            applied_index: s.applied_index.unwrap_or(0),
+            last_log_index: s.last_log_index.unwrap_or(0),
+            members: members_of(&self.node),
+            fabric: self.fabric.clone(),
+            durability: self.durability.clone(),
+            votes_blocked: self.node.log_store().votes_blocked(),
+        }))
+    }
+
+    async fn members(
+        &self,
+        _: Request<MembersRequest>,
+    ) -> Result<Response<MembersResponse>, Status> {
+        Ok(Response::new(MembersResponse {
+            members: members_of(&self.node),
+        }))
+    }
+
+    async fn add_learner(
+        &self,
+        request: Request<AddLearnerRequest>,
+    ) -> Result<Response<MembersResponse>, Status> {
+        let req = request.into_inner();
+        if req.id == 0 || req.id > ringraft_wal::layout::MAX_NODE_ID {
+            return Err(Status::invalid_argument(format!(
+                "node id {} is not in 1..=65535",
+                req.id
+            )));
+        }
+        if req.addr.is_empty() || req.addr.len() > 256 {
+            return Err(Status::invalid_argument("bad address"));
+        }
+        self.node
+            .add_learner(req.id, req.addr)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(MembersResponse {
+            members: members_of(&self.node),
+        }))
+    }
+
+    async fn promote(
+        &self,
+        request: Request<PromoteRequest>,
+    ) -> Result<Response<MembersResponse>, Status> {
+        let ids = request.into_inner().ids.into_iter().collect();
+        self.node.promote(ids).await.map_err(status)?;
+        Ok(Response::new(MembersResponse {
+            members: members_of(&self.node),
+        }))
+    }
+
+    async fn remove(
+        &self,
+        request: Request<RemoveRequest>,
+    ) -> Result<Response<MembersResponse>, Status> {
+        let ids = request.into_inner().ids.into_iter().collect();
+        self.node.remove(ids).await.map_err(status)?;
+        Ok(Response::new(MembersResponse {
+            members: members_of(&self.node),
+        }))
+    }
+
+    async fn transfer_leader(
+        &self,
+        request: Request<TransferLeaderRequest>,
+    ) -> Result<Response<TransferLeaderResponse>, Status> {
+        let to = request.into_inner().to;
+        if !self.node.status().voters.contains(&to) {
+            return Err(Status::invalid_argument(format!(
+                "node {to} is not a voter"
+            )));
+        }
+        self.node.transfer_leader(to).await.map_err(status)?;
+        Ok(Response::new(TransferLeaderResponse {}))
+    }
+}
