@@ -237,3 +237,46 @@ async fn exactly_once_across_retries_with_sessions() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_of_another_cluster_is_refused() {
+    use ringraft::{Fabric, NodeBuilder, NodeConfig};
+    let cluster = Cluster::start(Kind::Inproc, 3, Durability::Memory, 15).await;
+    let leader = cluster.leader().await;
+    let term = cluster.node(leader).status().term;
+    // Same secret, same fabric, another cluster id: it campaigns at our
+    // nodes, which refuse it at the handshake.
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = NodeConfig::new(9, dir.path(), "intruder");
+    config.cluster_id = 0xBAD;
+    config.lock_memory = false;
+    config.ring_capacity = 4 << 20;
+    config.peers = [
+        (9, "intruder".to_string()),
+        (1, "node1".into()),
+        (2, "node2".into()),
+    ]
+    .into();
+    let intruder = NodeBuilder::new(config)
+        .fabric(Fabric::Inproc(cluster.fabric.clone()))
+        .secret(ringraft_tests::SECRET.to_vec())
+        .state_machine(ringraft_tests::Recorder::default())
+        .start()
+        .await
+        .unwrap();
+    intruder.initialize().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_ne!(
+        intruder.status().state,
+        "Leader",
+        "it cannot win votes it cannot even ask for"
+    );
+    assert_eq!(
+        cluster.node(cluster.leader().await).status().term,
+        term,
+        "our term was not disturbed"
+    );
+    let (index, _) = cluster.propose(b"still fine".to_vec(), T).await.unwrap();
+    cluster.wait_applied(index, T).await;
+    intruder.shutdown().await;
+}

@@ -214,7 +214,11 @@ impl GuardInner {
             if guard.as_ref().is_none_or(|(c, _)| c.error().is_some()) {
                 let conn = self
                     .device
-                    .connect(&self.self_addr, ConnConfig::default(), Vec::new())
+                    .connect(
+                        &self.self_addr,
+                        ConnConfig::default(),
+                        crate::protocol::Join::bytes(self.cluster_id),
+                    )
                     .await
                     .map_err(io::Error::other)?;
                 let hello: Hello =

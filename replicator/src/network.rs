@@ -191,7 +191,11 @@ impl PeerNet {
             let conn = self
                 .ctx
                 .device
-                .connect(&self.addr, self.ctx.conn_config.clone(), Vec::new())
+                .connect(
+                    &self.addr,
+                    self.ctx.conn_config.clone(),
+                    crate::protocol::Join::bytes(self.ctx.cluster_id),
+                )
                 .await
                 .map_err(|e| {
                     Failure::Unreachable(format!("node {} at {}: {e}", self.target, self.addr))

@@ -286,7 +286,7 @@ impl NodeBuilder {
             .listen(
                 &config.listen,
                 config.conn.clone(),
-                ringraft_transport::reveal_to_all(hello_bytes),
+                accept_members_of(config.cluster_id, hello_bytes),
             )
             .await
             .map_err(|e| NodeError::Fabric(format!("listen on {}: {e}", config.listen)))?;
@@ -372,6 +372,27 @@ impl NodeBuilder {
             }),
         })
     }
+}
+
+/// The accept policy: initiators of this cluster get this node's [`Hello`];
+/// others are refused with a reason.
+fn accept_members_of(cluster_id: u64, hello: Vec<u8>) -> ringraft_transport::AcceptPolicy {
+    Arc::new(move |peer| {
+        let join: crate::protocol::Join = crate::protocol::decode(&peer.reveal.app_data)
+            .map_err(|e| format!("node {} sent no cluster id: {e}", peer.node_id))?;
+        if join.cluster_id != cluster_id {
+            tracing::warn!(
+                peer = peer.node_id,
+                theirs = join.cluster_id,
+                "refused a node of another cluster"
+            );
+            return Err(format!(
+                "node {} belongs to cluster {:#x}, this is cluster {cluster_id:#x}",
+                peer.node_id, join.cluster_id
+            ));
+        }
+        Ok(hello.clone())
+    })
 }
 
 /// Triggers a snapshot (and so a purge) when the ring fills past half, so

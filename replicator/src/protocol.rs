@@ -43,6 +43,22 @@ pub struct Hello {
     pub incarnation: u64,
 }
 
+/// What an initiator reveals to an acceptor (after both proved the secret):
+/// which cluster it belongs to. An acceptor refuses initiators of another
+/// cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Join {
+    /// The initiator's cluster.
+    pub cluster_id: u64,
+}
+
+impl Join {
+    /// The encoded application data of an initiator of `cluster_id`.
+    pub fn bytes(cluster_id: u64) -> Vec<u8> {
+        encode(&Join { cluster_id }).expect("a join encodes")
+    }
+}
+
 /// The state of a follower's adopted log: where a leader writes next and the
 /// chain the next record continues.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
