@@ -85,14 +85,14 @@ impl Sessions {
                 duplicate: true,
             });
         }
-        // Older than the window, or between remembered ones: it was applied
-        // (seqs only grow) but its answer is gone.
-        (seq < c.floor || c.answers.keys().next_back().is_some_and(|last| seq < *last)).then(|| {
-            Response {
-                index: 0,
-                data: Vec::new(),
-                duplicate: true,
-            }
+        // Older than the window: it was applied (or abandoned by the client,
+        // which only moves past a seq once it has an answer for it) but its
+        // answer is gone. Seqs between remembered ones are NOT assumed
+        // applied: one session's concurrent commands may commit out of order.
+        (seq < c.floor).then(|| Response {
+            index: 0,
+            data: Vec::new(),
+            duplicate: true,
         })
     }
 
@@ -433,5 +433,17 @@ mod tests {
         // seq 1 and 2 fell out of the window: still known as applied.
         let old = s.lookup(1, 1).unwrap();
         assert!(old.duplicate && old.index == 0);
+    }
+
+    #[test]
+    fn sessions_apply_one_clients_concurrent_commands_out_of_order() {
+        let mut s = Sessions::default();
+        // seq 5 committed before seq 4 (two proposals in flight at once):
+        // seq 4 must still apply when it arrives.
+        s.record(7, 5, 20, b"five");
+        assert!(s.lookup(7, 4).is_none());
+        s.record(7, 4, 21, b"four");
+        assert_eq!(s.lookup(7, 4).unwrap().index, 21);
+        assert_eq!(s.lookup(7, 5).unwrap().index, 20);
     }
 }

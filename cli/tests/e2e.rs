@@ -1,0 +1,647 @@
+//! End-to-end tests: real `ringraft serve` processes on loopback (tcp
+//! fabric), driven through the `ringraft` command-line client, with kill -9,
+//! SIGSTOP/SIGCONT, restarts and hostile input.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ringraft");
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Node {
+    id: u64,
+    listen: String,
+    client: String,
+    metrics: String,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+struct Cluster {
+    nodes: BTreeMap<u64, Node>,
+    peers: String,
+    base: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+impl Cluster {
+    fn start(n: u64, extra: &[&str]) -> Cluster {
+        let base = tempfile::tempdir().unwrap();
+        let mut nodes = BTreeMap::new();
+        for id in 1..=n {
+            nodes.insert(
+                id,
+                Node {
+                    id,
+                    listen: format!("127.0.0.1:{}", free_port()),
+                    client: format!("127.0.0.1:{}", free_port()),
+                    metrics: format!("127.0.0.1:{}", free_port()),
+                    dir: base.path().join(format!("n{id}")),
+                    child: None,
+                },
+            );
+        }
+        let peers = nodes
+            .values()
+            .map(|n| format!("{}={}", n.id, n.listen))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut c = Cluster {
+            nodes,
+            peers,
+            base,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        for id in 1..=n {
+            c.boot(id);
+        }
+        c.wait_leader(Duration::from_secs(30));
+        c
+    }
+
+    fn serve_args(&self, id: u64) -> Vec<String> {
+        let n = &self.nodes[&id];
+        let mut args: Vec<String> = [
+            "serve",
+            "--id",
+            &id.to_string(),
+            "--data-dir",
+            n.dir.to_str().unwrap(),
+            "--listen",
+            &n.listen,
+            "--client",
+            &n.client,
+            "--peers",
+            &self.peers,
+            "--fabric",
+            "tcp",
+            "--metrics",
+            &n.metrics,
+            "--ring-capacity",
+            "8388608",
+            "--max-record",
+            "65536",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if id == 1 {
+            args.push("--bootstrap".into());
+        }
+        args.extend(self.extra.iter().cloned());
+        args
+    }
+
+    fn boot(&mut self, id: u64) {
+        let args = self.serve_args(id);
+        let log = std::fs::File::create(self.base.path().join(format!("n{id}.log"))).unwrap();
+        let child = Command::new(BIN)
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.nodes.get_mut(&id).unwrap().child = Some(child);
+    }
+
+    fn kill9(&mut self, id: u64) {
+        let mut child = self.nodes.get_mut(&id).unwrap().child.take().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    fn signal(&self, id: u64, sig: &str) {
+        let pid = self.nodes[&id].child.as_ref().unwrap().id();
+        let ok = Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    }
+
+    fn stop(&mut self, id: u64) {
+        self.signal(id, "-TERM");
+        let mut child = self.nodes.get_mut(&id).unwrap().child.take().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(
+                    status.success(),
+                    "node {id} exited with {status} on SIGTERM"
+                );
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn endpoints(&self) -> String {
+        self.nodes
+            .values()
+            .map(|n| n.client.clone())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn cli(&self, args: &[&str]) -> Output {
+        cli_with(&self.endpoints(), args, None)
+    }
+
+    fn status(&self, id: u64) -> Option<serde_json::Value> {
+        let out = cli_with(
+            &self.nodes[&id].client,
+            &["status", "--json", "--timeout-ms", "1000"],
+            None,
+        );
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// The leader agreed by every running node.
+    fn wait_leader(&self, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let leaders: Vec<Option<u64>> = self
+                .nodes
+                .values()
+                .filter(|n| n.child.is_some())
+                .map(|n| self.status(n.id).and_then(|s| s["leader_id"].as_u64()))
+                .collect();
+            if let Some(Some(l)) = leaders.first()
+                && leaders.iter().all(|x| *x == Some(*l))
+                && self.nodes[l].child.is_some()
+            {
+                return *l;
+            }
+            assert!(Instant::now() < deadline, "no agreed leader: {leaders:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn read_all(&self, endpoints: &str) -> Vec<(u64, String)> {
+        let out = cli_with(
+            endpoints,
+            &["read", "--from", "1", "--format", "json"],
+            None,
+        );
+        assert!(
+            out.status.success(),
+            "read failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                (
+                    v["index"].as_u64().unwrap(),
+                    v["data"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for n in self.nodes.values_mut() {
+            if let Some(mut c) = n.child.take() {
+                let _ = Command::new("kill")
+                    .args(["-CONT", &c.id().to_string()])
+                    .status();
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+fn cli_with(endpoints: &str, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).arg("--endpoints").arg(endpoints);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    let mut child = cmd.spawn().unwrap();
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn lines(out: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+fn assert_exactly_once(log: &[(u64, String)], expected: &[String]) {
+    for e in expected {
+        let n = log.iter().filter(|(_, d)| d == e).count();
+        assert_eq!(n, 1, "{e} appears {n} times");
+    }
+    let mut indexes: Vec<u64> = log.iter().map(|(i, _)| *i).collect();
+    let sorted = {
+        let mut s = indexes.clone();
+        s.sort();
+        s
+    };
+    assert_eq!(indexes, sorted, "records in index order");
+    indexes.dedup();
+    assert_eq!(indexes.len(), log.len(), "no index twice");
+}
+
+#[test]
+fn append_read_follow() {
+    let c = Cluster::start(3, &[]);
+    let out = c.cli(&["append", "alpha", "beta"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let idx: Vec<u64> = lines(&out).iter().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(idx.len(), 2);
+    assert!(idx[1] > idx[0]);
+    let out = cli_with(&c.endpoints(), &["append"], Some("one\ntwo\nthree\n"));
+    assert_eq!(lines(&out).len(), 3, "one index per stdin line");
+    // Raw format: bytes then a newline.
+    let out = c.cli(&["read", "--from", &idx[0].to_string(), "--format", "raw"]);
+    assert_eq!(lines(&out), vec!["alpha", "beta", "one", "two", "three"]);
+    // Every node answers from its own log (stale reads may lag; the default
+    // linearizable read waits until applied).
+    for n in c.nodes.values() {
+        let data: Vec<String> = c.read_all(&n.client).into_iter().map(|(_, d)| d).collect();
+        assert_eq!(
+            data,
+            vec!["alpha", "beta", "one", "two", "three"],
+            "node {}",
+            n.id
+        );
+    }
+    // Follow: a streaming reader sees records appended after it started.
+    let mut follower = Command::new(BIN)
+        .args([
+            "read",
+            "--follow",
+            "--from",
+            "1",
+            "--endpoints",
+            &c.endpoints(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = follower.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for line in BufReader::new(stdout).lines() {
+            let line = line.unwrap();
+            seen.push(line.clone());
+            if line == "late" {
+                break;
+            }
+        }
+        seen
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(c.cli(&["append", "late"]).status.success());
+    let seen = reader.join().unwrap();
+    follower.kill().unwrap();
+    let _ = follower.wait();
+    assert_eq!(seen, vec!["alpha", "beta", "one", "two", "three", "late"]);
+    // Status JSON carries the keys the interface promises.
+    let s = c.status(1).unwrap();
+    for key in ["leader_id", "term", "commit_index", "members"] {
+        assert!(s.get(key).is_some(), "status lacks {key}: {s}");
+    }
+}
+
+#[test]
+fn kill_the_leader_and_keep_appending_exactly_once() {
+    let mut c = Cluster::start(3, &[]);
+    let leader = c.wait_leader(Duration::from_secs(30));
+    let expected: Vec<String> = (0..300).map(|k| format!("rec-{k}")).collect();
+    let input = expected.join("\n") + "\n";
+    let endpoints = c.endpoints();
+    let appender = std::thread::spawn(move || {
+        cli_with(
+            &endpoints,
+            &["append", "--timeout-ms", "1500"],
+            Some(&input),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    c.kill9(leader);
+    let out = appender.join().unwrap();
+    assert!(
+        out.status.success(),
+        "append through the failover: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(lines(&out).len(), 300, "an index for every record");
+    let new = c.wait_leader(Duration::from_secs(30));
+    assert_ne!(new, leader);
+    let log = c.read_all(&c.endpoints());
+    assert_exactly_once(&log, &expected);
+    // The killed node comes back and catches up.
+    c.boot(leader);
+    std::thread::sleep(Duration::from_secs(2));
+    let log = c.read_all(&c.nodes[&leader].client);
+    assert_exactly_once(&log, &expected);
+}
+
+#[test]
+fn restart_every_node_and_read_everything_back() {
+    for durability in ["memory", "fsync"] {
+        let mut c = Cluster::start(3, &["--durability", durability]);
+        let expected: Vec<String> = (0..50).map(|k| format!("{durability}-{k}")).collect();
+        let out = cli_with(
+            &c.endpoints(),
+            &["append"],
+            Some(&(expected.join("\n") + "\n")),
+        );
+        assert!(out.status.success());
+        for id in 1..=3 {
+            c.stop(id);
+        }
+        for id in 1..=3 {
+            c.boot(id);
+        }
+        c.wait_leader(Duration::from_secs(30));
+        let log = c.read_all(&c.endpoints());
+        assert_exactly_once(&log, &expected);
+        assert_eq!(log.len(), 50);
+    }
+}
+
+#[test]
+fn a_paused_leader_resumes_without_divergence() {
+    let mut c = Cluster::start(3, &[]);
+    let old = c.wait_leader(Duration::from_secs(30));
+    let first: Vec<String> = (0..20).map(|k| format!("a-{k}")).collect();
+    assert!(
+        cli_with(
+            &c.endpoints(),
+            &["append"],
+            Some(&(first.join("\n") + "\n"))
+        )
+        .status
+        .success()
+    );
+    c.signal(old, "-STOP");
+    let others: Vec<String> = c
+        .nodes
+        .values()
+        .filter(|n| n.id != old)
+        .map(|n| n.client.clone())
+        .collect();
+    let second: Vec<String> = (0..20).map(|k| format!("b-{k}")).collect();
+    let out = cli_with(
+        &others.join(","),
+        &["append"],
+        Some(&(second.join("\n") + "\n")),
+    );
+    assert!(
+        out.status.success(),
+        "the others commit: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    c.signal(old, "-CONT");
+    std::thread::sleep(Duration::from_secs(2));
+    let leader = c.wait_leader(Duration::from_secs(30));
+    assert_ne!(leader, old, "the resumed old leader stepped down");
+    let all: Vec<String> = first.iter().chain(&second).cloned().collect();
+    let mut logs = Vec::new();
+    for n in c.nodes.values() {
+        let log = c.read_all(&n.client);
+        assert_exactly_once(&log, &all);
+        logs.push(log);
+    }
+    assert!(
+        logs.windows(2).all(|w| w[0] == w[1]),
+        "every node holds the same log"
+    );
+    for id in 1..=3 {
+        c.stop(id);
+    }
+    for n in c.nodes.values() {
+        let out = Command::new(BIN)
+            .args(["wal", "check", "--data-dir", n.dir.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "wal check on node {}: {}",
+            n.id,
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("verdict"));
+    }
+}
+
+fn raw_garbage(addr: &str, bytes: &[u8]) {
+    if let Ok(mut s) = std::net::TcpStream::connect(addr) {
+        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+        let _ = s.write_all(bytes);
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink);
+    }
+}
+
+#[test]
+fn bad_input_gets_clear_errors_and_the_cluster_keeps_serving() {
+    let c = Cluster::start(3, &[]);
+    assert!(c.cli(&["append", "before"]).status.success());
+    // Garbage on every port of every node.
+    for n in c.nodes.values() {
+        for addr in [&n.client, &n.listen, &n.metrics] {
+            raw_garbage(addr, b"\x16\x03\x01\x02\x00garbage\xff\xff\xff\xff");
+            raw_garbage(addr, &[0u8; 70_000]);
+            raw_garbage(addr, b"GET /../../etc/passwd HTTP/1.1\r\n\r\n");
+        }
+    }
+    // A record above --max-record.
+    let big = "x".repeat(70_000);
+    let out = c.cli(&["append", &big]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("max-record"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A bad range.
+    let out = c.cli(&["read", "--from", "10", "--to", "2"]);
+    assert!(!out.status.success());
+    // Bad client arguments are refused before anything is sent.
+    let out = c.cli(&["read", "--format", "xml"]);
+    assert!(!out.status.success());
+    // A node that does not hold the secret cannot join.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("secret"),
+        "another cluster's secret, 16+ bytes",
+    )
+    .unwrap();
+    let intruder_listen = format!("127.0.0.1:{}", free_port());
+    let mut intruder = Command::new(BIN)
+        .args([
+            "serve",
+            "--id",
+            "9",
+            "--data-dir",
+            dir.path().join("d").to_str().unwrap(),
+            "--listen",
+            &intruder_listen,
+            "--client",
+            &format!("127.0.0.1:{}", free_port()),
+            "--peers",
+            &format!("9={intruder_listen},{}", c.peers),
+            "--fabric",
+            "tcp",
+            "--secret-file",
+            dir.path().join("secret").to_str().unwrap(),
+            "--bootstrap",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // And one with the right secret but another cluster id.
+    let foreign_listen = format!("127.0.0.1:{}", free_port());
+    let mut foreign = Command::new(BIN)
+        .args([
+            "serve",
+            "--id",
+            "8",
+            "--data-dir",
+            dir.path().join("e").to_str().unwrap(),
+            "--listen",
+            &foreign_listen,
+            "--client",
+            &format!("127.0.0.1:{}", free_port()),
+            "--peers",
+            &format!("8={foreign_listen},{}", c.peers),
+            "--fabric",
+            "tcp",
+            "--cluster-id",
+            "12345",
+            "--bootstrap",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let _ = intruder.kill();
+    let _ = intruder.wait();
+    let _ = foreign.kill();
+    let _ = foreign.wait();
+    // Every node still serves, the log is intact, nobody was disturbed.
+    assert!(c.cli(&["append", "after"]).status.success());
+    let data: Vec<String> = c
+        .read_all(&c.endpoints())
+        .into_iter()
+        .map(|(_, d)| d)
+        .collect();
+    assert_eq!(data, vec!["before", "after"]);
+    for n in c.nodes.values() {
+        assert!(c.status(n.id).is_some(), "node {} still answers", n.id);
+    }
+    let members = c.cli(&["members", "list"]);
+    assert_eq!(lines(&members).len(), 3, "nobody joined");
+}
+
+#[test]
+fn a_data_dir_of_another_node_or_cluster_is_refused() {
+    let mut c = Cluster::start(3, &[]);
+    assert!(c.cli(&["append", "x"]).status.success());
+    c.stop(2);
+    // Node 3's data dir for node 2.
+    let dir3 = c.nodes[&3].dir.clone();
+    let mut args = c.serve_args(2);
+    let k = args.iter().position(|a| a == "--data-dir").unwrap();
+    args[k + 1] = dir3.to_str().unwrap().to_string();
+    let out = Command::new(BIN).args(&args).output().unwrap();
+    assert!(!out.status.success(), "node 2 started on node 3's data");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("node id"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Node 2's own dir under another cluster id.
+    let mut args = c.serve_args(2);
+    args.extend(["--cluster-id".to_string(), "99".to_string()]);
+    let out = Command::new(BIN).args(&args).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cluster id"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The right directory still works.
+    c.boot(2);
+    c.wait_leader(Duration::from_secs(30));
+    assert_eq!(c.read_all(&c.nodes[&2].client).len(), 1);
+}
+
+#[test]
+fn bad_configuration_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("n.toml");
+    std::fs::write(&conf, "id = 1\nbogus_key = true\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--config", conf.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field"));
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--id",
+            "1",
+            "--data-dir",
+            "/tmp/x",
+            "--listen",
+            "a:1",
+            "--client",
+            "a:2",
+            "--peers",
+            "1=a:1",
+            "--ring-capacity",
+            "1000",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ring-capacity"));
+}
