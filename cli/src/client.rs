@@ -60,6 +60,8 @@ pub struct Client {
     channels: HashMap<usize, LogClient<Channel>>,
     client_id: u64,
     next_seq: u64,
+    /// Attempts that failed in a way worth retrying (counted for `bench`).
+    retries: u64,
 }
 
 impl Client {
@@ -74,6 +76,7 @@ impl Client {
             channels: HashMap::new(),
             client_id: rand::random::<u64>() | 1,
             next_seq: 1,
+            retries: 0,
         }
     }
 
@@ -81,6 +84,12 @@ impl Client {
     pub fn with_deadline(mut self, deadline: Duration) -> Client {
         self.deadline = deadline;
         self
+    }
+
+    /// How many attempts so far failed in a way worth retrying (a timeout,
+    /// an unreachable node, no leader) and were retried or given up on.
+    pub fn retries(&self) -> u64 {
+        self.retries
     }
 
     /// The endpoints.
@@ -145,6 +154,7 @@ impl Client {
                         return Ok(v);
                     }
                     Err(status) if retryable(&status) => {
+                        self.retries += 1;
                         // Forget the channel: the node may have restarted.
                         self.channels.remove(&k);
                         last = format!("{}: {}", self.endpoints[k], status.message());

@@ -1,0 +1,535 @@
+//! `ringraft bench`: closed-loop append load against a running cluster.
+//!
+//! `clients` concurrent client sessions each append `batch` records of
+//! `size` bytes, wait for the answer (the records' indexes, sent once they
+//! are committed and applied), and append again, for `duration`. Only
+//! acknowledged records count. A live progress line goes to stderr about
+//! once a second; the summary (throughput, commit latency percentiles,
+//! errors, retries) goes to stdout, as text or JSON.
+//!
+//! Every record starts with `bench-<run>-<client>-<seq>-` (cut to `size`),
+//! so that the records of one run can be found in the log afterwards. This
+//! module never changes the cluster beyond appending records.
+
+use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use ringraft_client::{Client, ClientError};
+
+/// Concurrent clients, at most.
+pub const MAX_CLIENTS: usize = 4096;
+/// Record size, at most (the client API's message limit is 64 MiB).
+pub const MAX_RECORD_BYTES: usize = 16 << 20;
+/// Records per append, at most (the server's limit).
+pub const MAX_BATCH_RECORDS: usize = 4096;
+/// Bench duration, at most.
+pub const MAX_DURATION_SECS: u64 = 24 * 3600;
+/// Bytes of records in one append, at most (under the client API's 64 MiB
+/// message limit).
+pub const MAX_APPEND_BYTES: usize = 48 << 20;
+/// Highest latency the histogram holds, microseconds.
+const MAX_LATENCY_US: u64 = 120_000_000;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    /// Client API addresses.
+    pub endpoints: Vec<String>,
+    /// Time allowed per endpoint per attempt.
+    pub per_endpoint: Duration,
+    /// Concurrent client sessions.
+    pub clients: usize,
+    /// Bytes per record.
+    pub size: usize,
+    /// Records per append.
+    pub batch: usize,
+    /// How long to keep appending.
+    pub duration: Duration,
+    /// How long one append may keep retrying before it counts as an error.
+    pub append_deadline: Duration,
+}
+
+impl BenchConfig {
+    /// Checks the bounds.
+    pub fn check(&self) -> Result<(), String> {
+        if self.endpoints.is_empty() {
+            return Err("--endpoints: none given".into());
+        }
+        if !(1..=MAX_CLIENTS).contains(&self.clients) {
+            return Err(format!(
+                "--clients {} is not in 1..={MAX_CLIENTS}",
+                self.clients
+            ));
+        }
+        if !(1..=MAX_RECORD_BYTES).contains(&self.size) {
+            return Err(format!(
+                "--size {} is not in 1..={MAX_RECORD_BYTES}",
+                self.size
+            ));
+        }
+        if !(1..=MAX_BATCH_RECORDS).contains(&self.batch) {
+            return Err(format!(
+                "--batch {} is not in 1..={MAX_BATCH_RECORDS}",
+                self.batch
+            ));
+        }
+        if self.size.saturating_mul(self.batch) > MAX_APPEND_BYTES {
+            return Err(format!(
+                "--size {} x --batch {} exceeds {} bytes per append",
+                self.size, self.batch, MAX_APPEND_BYTES
+            ));
+        }
+        if self.duration.is_zero() || self.duration.as_secs() > MAX_DURATION_SECS {
+            return Err(format!(
+                "--duration must be in (0, {MAX_DURATION_SECS}] seconds"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a run measured.
+#[derive(Debug)]
+pub struct BenchReport {
+    /// The configuration.
+    pub config: BenchConfig,
+    /// Tag of this run's records (`bench-<run>-`).
+    pub run: u32,
+    /// From the first append to the last answer.
+    pub elapsed: Duration,
+    /// Records acknowledged with an index.
+    pub acknowledged: u64,
+    /// Appends that failed for good (their records may or may not be in
+    /// the log).
+    pub errors: u64,
+    /// Attempts retried inside the clients (timeouts, unreachable nodes, no
+    /// leader).
+    pub retries: u64,
+    /// Commit latency of one append, microseconds.
+    pub latency_us: Histogram<u64>,
+    /// Lowest and highest index acknowledged.
+    pub index_range: Option<(u64, u64)>,
+    /// The first error, if any.
+    pub first_error: Option<String>,
+}
+
+impl BenchReport {
+    /// Acknowledged records per second.
+    pub fn records_per_sec(&self) -> f64 {
+        self.acknowledged as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Acknowledged payload, MB (10^6 bytes) per second.
+    pub fn mb_per_sec(&self) -> f64 {
+        self.records_per_sec() * self.config.size as f64 / 1e6
+    }
+
+    fn percentile_ms(&self, q: f64) -> f64 {
+        if self.latency_us.is_empty() {
+            return 0.0;
+        }
+        self.latency_us.value_at_quantile(q) as f64 / 1000.0
+    }
+
+    /// The summary as JSON.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "clients": self.config.clients,
+            "size_bytes": self.config.size,
+            "batch": self.config.batch,
+            "duration_s": self.config.duration.as_secs_f64(),
+            "elapsed_s": self.elapsed.as_secs_f64(),
+            "run": format!("{:08x}", self.run),
+            "acknowledged": self.acknowledged,
+            "records_per_s": self.records_per_sec(),
+            "mb_per_s": self.mb_per_sec(),
+            "latency_ms": {
+                "p50": self.percentile_ms(0.5),
+                "p99": self.percentile_ms(0.99),
+                "p999": self.percentile_ms(0.999),
+                "max": self.latency_us.max() as f64 / 1000.0,
+                "mean": self.latency_us.mean() / 1000.0,
+                "samples": self.latency_us.len(),
+            },
+            "errors": self.errors,
+            "retries": self.retries,
+            "first_index": self.index_range.map(|r| r.0),
+            "last_index": self.index_range.map(|r| r.1),
+            "first_error": self.first_error,
+        })
+    }
+
+    /// The summary as text.
+    pub fn to_text(&self) -> String {
+        let c = &self.config;
+        let mut s = format!(
+            "bench: {} client{}, {}-byte records, {} per append, {:.1} s ({} endpoint{})\n",
+            c.clients,
+            if c.clients == 1 { "" } else { "s" },
+            c.size,
+            c.batch,
+            c.duration.as_secs_f64(),
+            c.endpoints.len(),
+            if c.endpoints.len() == 1 { "" } else { "s" },
+        );
+        s += &format!(
+            "acknowledged    {} records in {:.2} s{}\n",
+            self.acknowledged,
+            self.elapsed.as_secs_f64(),
+            match self.index_range {
+                Some((a, b)) => format!(" (indexes {a}..={b})"),
+                None => String::new(),
+            }
+        );
+        s += &format!(
+            "throughput      {:.1} records/s, {:.3} MB/s\n",
+            self.records_per_sec(),
+            self.mb_per_sec()
+        );
+        s += &format!(
+            "commit latency  p50 {:.3} ms, p99 {:.3} ms, p999 {:.3} ms, max {:.3} ms ({} appends)\n",
+            self.percentile_ms(0.5),
+            self.percentile_ms(0.99),
+            self.percentile_ms(0.999),
+            self.latency_us.max() as f64 / 1000.0,
+            self.latency_us.len()
+        );
+        s += &format!("errors          {}, retries {}", self.errors, self.retries);
+        if let Some(e) = &self.first_error {
+            s += &format!("\nfirst error     {e}");
+        }
+        s
+    }
+}
+
+/// The bytes of record `seq` of client `client` in run `run`.
+pub fn record(run: u32, client: usize, seq: u64, size: usize) -> Vec<u8> {
+    let mut r = format!("bench-{run:08x}-{client}-{seq}-").into_bytes();
+    r.resize(size, b'x');
+    r
+}
+
+struct Shared {
+    acknowledged: AtomicU64,
+    stop: AtomicBool,
+}
+
+struct WorkerResult {
+    latency_us: Histogram<u64>,
+    acknowledged: u64,
+    errors: u64,
+    retries: u64,
+    index_range: Option<(u64, u64)>,
+    first_error: Option<String>,
+    /// The cluster refused the request: retrying cannot help.
+    refused: bool,
+}
+
+fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("constant histogram bounds are valid")
+}
+
+async fn worker(
+    config: Arc<BenchConfig>,
+    run: u32,
+    client_no: usize,
+    shared: Arc<Shared>,
+) -> WorkerResult {
+    let mut client = Client::new(config.endpoints.clone(), config.per_endpoint)
+        .with_deadline(config.append_deadline);
+    let mut result = WorkerResult {
+        latency_us: new_histogram(),
+        acknowledged: 0,
+        errors: 0,
+        retries: 0,
+        index_range: None,
+        first_error: None,
+        refused: false,
+    };
+    let mut seq = 0u64;
+    while !shared.stop.load(Ordering::Relaxed) {
+        let records: Vec<Vec<u8>> = (0..config.batch)
+            .map(|k| record(run, client_no, seq + k as u64, config.size))
+            .collect();
+        seq += config.batch as u64;
+        let started = Instant::now();
+        match client.append(records).await {
+            Ok(indexes) => {
+                let us = started
+                    .elapsed()
+                    .as_micros()
+                    .clamp(1, MAX_LATENCY_US as u128) as u64;
+                result.latency_us.saturating_record(us);
+                assert_eq!(
+                    indexes.len(),
+                    config.batch,
+                    "the server answers one index per record"
+                );
+                result.acknowledged += indexes.len() as u64;
+                shared
+                    .acknowledged
+                    .fetch_add(indexes.len() as u64, Ordering::Relaxed);
+                if let (Some(lo), Some(hi)) = (indexes.iter().min(), indexes.iter().max()) {
+                    result.index_range = Some(match result.index_range {
+                        Some((a, b)) => (a.min(*lo), b.max(*hi)),
+                        None => (*lo, *hi),
+                    });
+                }
+            }
+            Err(e) => {
+                result.errors += 1;
+                let refused = matches!(e, ClientError::Refused(_) | ClientError::Endpoint(..));
+                if result.first_error.is_none() {
+                    result.first_error = Some(e.to_string());
+                }
+                if refused {
+                    result.refused = true;
+                    shared.stop.store(true, Ordering::Relaxed);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    result.retries = client.retries();
+    result
+}
+
+/// The endpoints with the leader's first, when the nodes say which one it
+/// is (followers forward appends, which would add a hop to every
+/// measurement); else as given.
+pub async fn leader_first(endpoints: Vec<String>, per_endpoint: Duration) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut leader = 0;
+    for e in &endpoints {
+        let mut c = Client::new(vec![e.clone()], per_endpoint).with_deadline(per_endpoint);
+        match c.status().await {
+            Ok(s) => {
+                if s.leader_id != 0 {
+                    leader = s.leader_id;
+                }
+                ids.push(Some(s.id));
+            }
+            Err(_) => ids.push(None),
+        }
+    }
+    match ids.iter().position(|id| leader != 0 && *id == Some(leader)) {
+        Some(k) => {
+            let mut out = endpoints;
+            out.rotate_left(k);
+            out
+        }
+        None => endpoints,
+    }
+}
+
+/// Runs the bench; `progress` gets the live line.
+pub async fn run(mut config: BenchConfig, progress: bool) -> Result<BenchReport, String> {
+    config.check()?;
+    config.endpoints = leader_first(config.endpoints, config.per_endpoint).await;
+    let config = Arc::new(config);
+    let run = rand::random::<u32>();
+    let shared = Arc::new(Shared {
+        acknowledged: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+    });
+    let started = Instant::now();
+    let workers: Vec<_> = (0..config.clients)
+        .map(|k| tokio::spawn(worker(config.clone(), run, k, shared.clone())))
+        .collect();
+
+    // The progress line, about once a second, until the duration is over.
+    let tty = std::io::stderr().is_terminal();
+    let end = started + config.duration;
+    let mut last = (started, 0u64);
+    while Instant::now() < end && !shared.stop.load(Ordering::Relaxed) {
+        let wake = (Instant::now() + Duration::from_secs(1)).min(end);
+        tokio::time::sleep_until(wake.into()).await;
+        if !progress {
+            continue;
+        }
+        let now = Instant::now();
+        let acked = shared.acknowledged.load(Ordering::Relaxed);
+        let total_rate = acked as f64 / (now - started).as_secs_f64().max(1e-9);
+        let recent_rate = (acked - last.1) as f64 / (now - last.0).as_secs_f64().max(1e-9);
+        last = (now, acked);
+        let line = format!(
+            "[{:>5.1}/{:.0} s] {} acknowledged, {:.0} records/s ({:.0} in the last second), {:.3} MB/s",
+            (now - started).as_secs_f64(),
+            config.duration.as_secs_f64(),
+            acked,
+            total_rate,
+            recent_rate,
+            total_rate * config.size as f64 / 1e6,
+        );
+        let mut err = std::io::stderr().lock();
+        let _ = if tty {
+            write!(err, "\r\x1b[2K{line}")
+        } else {
+            writeln!(err, "{line}")
+        };
+        let _ = err.flush();
+    }
+    shared.stop.store(true, Ordering::Relaxed);
+    if progress && tty {
+        eprintln!();
+    }
+
+    // Appends in flight finish (or fail after their deadline) and count.
+    let mut latency_us = new_histogram();
+    let mut acknowledged = 0;
+    let mut errors = 0;
+    let mut retries = 0;
+    let mut index_range: Option<(u64, u64)> = None;
+    let mut first_error = None;
+    let mut refused = false;
+    for w in workers {
+        let r = w.await.map_err(|e| format!("a bench client failed: {e}"))?;
+        latency_us
+            .add(&r.latency_us)
+            .expect("histograms of equal bounds merge");
+        acknowledged += r.acknowledged;
+        errors += r.errors;
+        retries += r.retries;
+        refused |= r.refused;
+        index_range = match (index_range, r.index_range) {
+            (Some((a, b)), Some((c, d))) => Some((a.min(c), b.max(d))),
+            (x, None) | (None, x) => x,
+        };
+        if first_error.is_none() {
+            first_error = r.first_error;
+        }
+    }
+    let elapsed = started.elapsed();
+    if refused {
+        return Err(format!(
+            "the cluster refused an append: {}",
+            first_error.unwrap_or_default()
+        ));
+    }
+    let config = Arc::try_unwrap(config).unwrap_or_else(|c| (*c).clone());
+    Ok(BenchReport {
+        config,
+        run,
+        elapsed,
+        acknowledged,
+        errors,
+        retries,
+        latency_us,
+        index_range,
+        first_error,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> BenchConfig {
+        BenchConfig {
+            endpoints: vec!["127.0.0.1:1".into()],
+            per_endpoint: Duration::from_millis(100),
+            clients: 4,
+            size: 128,
+            batch: 1,
+            duration: Duration::from_secs(1),
+            append_deadline: Duration::from_millis(300),
+        }
+    }
+
+    #[test]
+    fn records_are_tagged_and_sized() {
+        let r = record(0xab, 3, 17, 64);
+        assert_eq!(r.len(), 64);
+        assert!(r.starts_with(b"bench-000000ab-3-17-x"));
+        assert_eq!(record(1, 2, 3, 5), b"bench");
+    }
+
+    #[test]
+    fn bad_parameters_are_refused() {
+        assert!(config().check().is_ok());
+        for bad in [
+            BenchConfig {
+                clients: 0,
+                ..config()
+            },
+            BenchConfig {
+                size: 0,
+                ..config()
+            },
+            BenchConfig {
+                batch: MAX_BATCH_RECORDS + 1,
+                ..config()
+            },
+            BenchConfig {
+                size: 1 << 20,
+                batch: 1024,
+                ..config()
+            },
+            BenchConfig {
+                duration: Duration::ZERO,
+                ..config()
+            },
+            BenchConfig {
+                endpoints: vec![],
+                ..config()
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_summary_reports_what_was_recorded() {
+        let mut latency_us = new_histogram();
+        for us in [1000, 2000, 3000] {
+            latency_us.record(us).unwrap();
+        }
+        let report = BenchReport {
+            config: config(),
+            run: 1,
+            elapsed: Duration::from_secs(2),
+            acknowledged: 3,
+            errors: 1,
+            retries: 2,
+            latency_us,
+            index_range: Some((5, 7)),
+            first_error: Some("boom".into()),
+        };
+        let j = report.to_json();
+        assert_eq!(j["acknowledged"], 3);
+        assert_eq!(j["records_per_s"], 1.5);
+        assert_eq!(j["errors"], 1);
+        assert_eq!(j["retries"], 2);
+        assert_eq!(j["first_index"], 5);
+        assert!((j["latency_ms"]["p50"].as_f64().unwrap() - 2.0).abs() < 0.01);
+        let text = report.to_text();
+        assert!(text.contains("1.5 records/s"), "{text}");
+        assert!(text.contains("errors          1, retries 2"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_cluster_counts_errors_not_records() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let report = run(
+            BenchConfig {
+                endpoints: vec![format!("127.0.0.1:{port}")],
+                clients: 2,
+                ..config()
+            },
+            false,
+        )
+        .await
+        .unwrap();
+        assert_eq!(report.acknowledged, 0);
+        assert!(report.errors >= 2, "{report:?}");
+        assert!(report.retries >= report.errors, "{report:?}");
+    }
+}
