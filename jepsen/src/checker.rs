@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use crate::history::{
     self, Consistency, Event, EventType, FinalRecord, HistoryError, MissingNode, Op, Process,
-    ReadRecord, RunInfo,
+    RunInfo,
 };
 
 /// Most structural problems listed in one [`CheckError::Structure`].
@@ -1207,18 +1207,6 @@ impl SparseMin {
         let row = &self.levels[level];
         row[lo].min(row[hi - (1 << level)])
     }
-}
-
-/// Records of `[from, to]` in a final order, as a read would return them
-/// (for tests and tools building histories).
-pub fn records_in(order: &BTreeMap<u64, String>, from: u64, to: Option<u64>) -> Vec<ReadRecord> {
-    order
-        .range(from..=to.unwrap_or(u64::MAX))
-        .map(|(&index, data)| ReadRecord {
-            index,
-            data: data.clone(),
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -60,6 +60,8 @@ impl History {
     }
 
     /// An ok read of `[from, to]` returning `records` (index, data).
+    // One argument per field of the two events keeps the tests readable.
+    #[allow(clippy::too_many_arguments)]
     pub fn read_ok(
         &mut self,
         process: u64,
