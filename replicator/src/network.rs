@@ -73,6 +73,8 @@ pub struct NetworkFactory {
 impl NetworkFactory {
     /// A factory over `ctx`.
     pub fn new(ctx: Arc<NetCtx>) -> NetworkFactory {
+        #[cfg(feature = "planted-bugs")]
+        planted::announce(ctx.node_id);
         NetworkFactory { ctx }
     }
 }
@@ -107,6 +109,9 @@ pub struct PeerNet {
     addr: String,
     link: Option<Link>,
     view: Option<View>,
+    /// PLANTED BUG (test-only): requests acknowledged but not yet sent.
+    #[cfg(feature = "planted-bugs")]
+    planted_backlog: VecDeque<(tokio::time::Instant, AppendEntriesRequest<TypeConfig>)>,
 }
 
 /// Why an exchange failed.
@@ -172,6 +177,8 @@ impl PeerNet {
             addr,
             link: None,
             view: None,
+            #[cfg(feature = "planted-bugs")]
+            planted_backlog: VecDeque::new(),
         }
     }
 
@@ -629,6 +636,10 @@ impl RaftNetworkV2<TypeConfig> for PeerNet {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        #[cfg(feature = "planted-bugs")]
+        if planted::ack_before_replication() {
+            return Ok(self.planted_ack_before_replication(rpc, option).await);
+        }
         let ttl = option.hard_ttl();
         let inflight = match self.post_append(rpc, ttl).await {
             Ok(inflight) => inflight,
@@ -655,6 +666,11 @@ impl RaftNetworkV2<TypeConfig> for PeerNet {
     where
         S: Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
     {
+        #[cfg(feature = "planted-bugs")]
+        if planted::ack_before_replication() {
+            // One request at a time, through the planted `append_entries`.
+            return openraft::network::stream_append_sequential(self, input, option);
+        }
         Box::pin(async move {
             let state = Pipeline {
                 net: self,
@@ -864,5 +880,101 @@ where
                 }
             }
         }
+    }
+}
+
+// ===========================================================================
+// PLANTED BUGS — test-only, compiled only with the `planted-bugs` feature and
+// active only when the environment variable `RINGRAFT_PLANTED_BUG` names one.
+// They exist so that the Jepsen-style harness (`jepsen/`) can show that its
+// checker catches real safety violations. Never enable them elsewhere.
+// ===========================================================================
+#[cfg(feature = "planted-bugs")]
+mod planted {
+    use std::sync::OnceLock;
+    use std::time::Duration;
+
+    /// The environment variable naming the bug to switch on.
+    pub const ENV: &str = "RINGRAFT_PLANTED_BUG";
+    /// `ack-before-replication`: the leader's network answers every
+    /// AppendEntries as succeeded at once and sends it for real only
+    /// [`REPLICATION_DELAY`] later (answers ignored, failures dropped), so the
+    /// leader commits and acknowledges entries that only it holds.
+    pub const ACK_BEFORE_REPLICATION: &str = "ack-before-replication";
+    /// How long the real replication lags the false acknowledgement.
+    pub const REPLICATION_DELAY: Duration = Duration::from_millis(2000);
+    /// Requests held back per follower at most (older ones are dropped).
+    pub const MAX_BACKLOG_REQUESTS: usize = 10_000;
+
+    fn chosen() -> Option<&'static str> {
+        static CHOSEN: OnceLock<Option<String>> = OnceLock::new();
+        CHOSEN
+            .get_or_init(|| std::env::var(ENV).ok().filter(|v| !v.is_empty()))
+            .as_deref()
+    }
+
+    /// Whether `ack-before-replication` is on.
+    pub fn ack_before_replication() -> bool {
+        chosen() == Some(ACK_BEFORE_REPLICATION)
+    }
+
+    /// Says loudly, at start, that a planted bug is on (or that the name is
+    /// unknown).
+    pub fn announce(node_id: u64) {
+        match chosen() {
+            None => {}
+            Some(ACK_BEFORE_REPLICATION) => {
+                let msg = format!(
+                    "!!! PLANTED BUG {ACK_BEFORE_REPLICATION} IS ON in node {node_id}: \
+                     appends are acknowledged before replication; this node is UNSAFE !!!"
+                );
+                eprintln!("{msg}");
+                tracing::error!("{msg}");
+            }
+            Some(other) => {
+                let msg = format!(
+                    "!!! {ENV}={other:?} names no planted bug (known: {ACK_BEFORE_REPLICATION}); none is on !!!"
+                );
+                eprintln!("{msg}");
+                tracing::error!("{msg}");
+            }
+        }
+    }
+}
+
+#[cfg(feature = "planted-bugs")]
+impl PeerNet {
+    /// PLANTED BUG `ack-before-replication` (see [`planted`]).
+    async fn planted_ack_before_replication(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> AppendEntriesResponse<TypeConfig> {
+        let ttl = option.hard_ttl();
+        if self.planted_backlog.len() >= planted::MAX_BACKLOG_REQUESTS {
+            self.planted_backlog.pop_front();
+        }
+        self.planted_backlog
+            .push_back((tokio::time::Instant::now(), rpc));
+        while self
+            .planted_backlog
+            .front()
+            .is_some_and(|(at, _)| at.elapsed() >= planted::REPLICATION_DELAY)
+        {
+            let (_, req) = self.planted_backlog.pop_front().expect("just checked");
+            let answer = match self.post_append(req, ttl).await {
+                Ok(inflight) => self.take_append(inflight).await,
+                Err(f) => Err(f),
+            };
+            match answer {
+                Ok(AppendEntriesResponse::HigherVote(v)) | Err(Failure::HigherVote(v)) => {
+                    self.planted_backlog.clear();
+                    return higher_vote_response(v);
+                }
+                Ok(_) => {}
+                Err(_) => self.drop_link("planted bug: late append failed"),
+            }
+        }
+        AppendEntriesResponse::Success
     }
 }
