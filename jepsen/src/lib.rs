@@ -7,9 +7,21 @@
 //!   logs and knows nothing of ringraft's code;
 //! - [`report`]: the summary report (text) and the plot (SVG).
 //!
-//! The runner (workload, nemeses, substrates) drives real `ringraft serve`
-//! processes and writes what the clients saw.
+//! The runner drives real `ringraft serve` processes and writes what the
+//! clients saw:
+//! - [`runner`]: one run, start to teardown;
+//! - [`workload`]: the clients;
+//! - [`nemesis`]: the faults, on a seeded schedule;
+//! - [`substrate`]: where the nodes live (`local`, `netns`, `softroce`);
+//! - [`tail`]: damage to a stopped node's ring tail;
+//! - [`rng`]: the seeded generator.
 
 pub mod checker;
 pub mod history;
+pub mod nemesis;
 pub mod report;
+pub mod rng;
+pub mod runner;
+pub mod substrate;
+pub mod tail;
+pub mod workload;

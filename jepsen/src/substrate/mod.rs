@@ -1,0 +1,202 @@
+//! Where the nodes of a run live and how faults reach them.
+//!
+//! A [`Substrate`] starts and stops `ringraft serve` processes, sends them
+//! signals, cuts the network between them and damages a stopped node's ring.
+//! It owns every resource it creates (processes, namespaces, bridges,
+//! iptables rules, lab guests) and releases them in
+//! [`Substrate::teardown`], which every implementation also runs on drop, so
+//! an error or a panic in the runner leaves nothing behind. A substrate
+//! never decides *which* fault to inject: that is the nemesis's job.
+
+use std::path::{Path, PathBuf};
+
+pub mod local;
+pub mod netns;
+pub mod process;
+pub mod softroce;
+
+/// Why a substrate operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SubstrateError {
+    /// A command the substrate ran failed.
+    #[error("{what}: {detail}")]
+    Command {
+        /// What was being done.
+        what: String,
+        /// Its output or status.
+        detail: String,
+    },
+    /// A file operation failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The substrate cannot do this (e.g. partitions on `local`).
+    #[error("the {substrate} substrate cannot {what}")]
+    Unsupported {
+        /// The substrate.
+        substrate: &'static str,
+        /// The operation.
+        what: &'static str,
+    },
+    /// A node id that is not part of the cluster, or in the wrong state.
+    #[error("node {node}: {why}")]
+    Node {
+        /// The node.
+        node: u64,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// Shorthand.
+pub type Result<T> = std::result::Result<T, SubstrateError>;
+
+/// How to damage the tail of a stopped node's ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TailDamage {
+    /// Flip bytes inside the last records (a bad sector, a torn write).
+    Corrupt,
+    /// Zero the last records (a write that never reached the media).
+    Truncate,
+}
+
+impl TailDamage {
+    /// The name used on the command line and in the history.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TailDamage::Corrupt => "corrupt",
+            TailDamage::Truncate => "truncate",
+        }
+    }
+}
+
+/// What every substrate needs to start nodes.
+#[derive(Debug, Clone)]
+pub struct ClusterSpec {
+    /// Node ids, 1..=n.
+    pub nodes: Vec<u64>,
+    /// The `ringraft` binary.
+    pub ringraft_bin: PathBuf,
+    /// This harness's binary (for `damage-tail` inside a guest).
+    pub jepsen_bin: PathBuf,
+    /// The run directory (logs and, where local, data dirs go below it).
+    pub run_dir: PathBuf,
+    /// Planted bug to switch on in every node (env `RINGRAFT_PLANTED_BUG`).
+    pub planted_bug: Option<String>,
+    /// Extra `ringraft serve` flags.
+    pub extra_serve_args: Vec<String>,
+}
+
+/// The result of `ringraft wal check` on one node.
+#[derive(Debug, Clone)]
+pub struct WalCheck {
+    /// Its exit status (0 clean or torn tail, 1 corrupt inside the
+    /// acknowledged range, other: could not check).
+    pub status: i32,
+    /// What it printed.
+    pub output: String,
+}
+
+/// A place to run a cluster. See the module docs.
+pub trait Substrate: Send + Sync {
+    /// `local`, `netns` or `softroce`.
+    fn name(&self) -> &'static str;
+    /// The node ids.
+    fn nodes(&self) -> Vec<u64>;
+    /// The client API address of node `id` (reachable from the harness).
+    fn client_endpoint(&self, id: u64) -> String;
+    /// The control-plane address of node `id` (`--listen`, for membership).
+    fn listen_addr(&self, id: u64) -> String;
+    /// Starts (or restarts) node `id`; no-op when it runs.
+    fn start(&self, id: u64) -> Result<()>;
+    /// Kills node `id` with SIGKILL and waits for it to go.
+    fn kill(&self, id: u64) -> Result<()>;
+    /// Stops node `id` with SIGTERM (graceful), SIGKILL after a bound.
+    fn stop(&self, id: u64) -> Result<()>;
+    /// Whether node `id` runs (paused counts as running).
+    fn is_running(&self, id: u64) -> bool;
+    /// SIGSTOP.
+    fn pause(&self, id: u64) -> Result<()>;
+    /// SIGCONT.
+    fn resume(&self, id: u64) -> Result<()>;
+    /// Whether [`Substrate::partition`] works.
+    fn can_partition(&self) -> bool;
+    /// Whether [`Substrate::drop_one_way`] works.
+    fn can_drop_one_way(&self) -> bool;
+    /// Drops all traffic between nodes of different groups (nodes in no
+    /// group keep talking to everyone). Replaces any earlier partition.
+    fn partition(&self, groups: &[Vec<u64>]) -> Result<()>;
+    /// Drops the packets from `from` to `to` only.
+    fn drop_one_way(&self, from: u64, to: u64) -> Result<()>;
+    /// Removes every network fault.
+    fn heal(&self) -> Result<()>;
+    /// Damages the tail of stopped node `id`'s ring; says what it did.
+    fn damage_tail(&self, id: u64, damage: TailDamage, seed: u64) -> Result<String>;
+    /// `ringraft wal check` of stopped node `id`.
+    fn wal_check(&self, id: u64) -> Result<WalCheck>;
+    /// Copies the nodes' logs into `dir`.
+    fn collect_logs(&self, dir: &Path) -> Result<()>;
+    /// Kills every node and removes everything the substrate created.
+    /// Idempotent.
+    fn teardown(&self) -> Result<()>;
+}
+
+/// The `ringraft serve` arguments of node `id`.
+pub fn serve_args(
+    spec: &ClusterSpec,
+    id: u64,
+    data_dir: &Path,
+    listen: &str,
+    client: &str,
+    peers: &str,
+    fabric: &str,
+) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "serve".into(),
+        "--id".into(),
+        id.to_string(),
+        "--data-dir".into(),
+        data_dir.display().to_string(),
+        "--listen".into(),
+        listen.into(),
+        "--client".into(),
+        client.into(),
+        "--peers".into(),
+        peers.into(),
+        "--fabric".into(),
+        fabric.into(),
+        "--ring-capacity".into(),
+        (8u64 << 20).to_string(),
+        "--max-record".into(),
+        "65536".into(),
+    ];
+    if id == spec.nodes[0] {
+        args.push("--bootstrap".into());
+    }
+    args.extend(spec.extra_serve_args.iter().cloned());
+    args
+}
+
+/// Runs a command, failing with its output when it does not succeed.
+pub(crate) fn run_cmd(what: &str, cmd: &mut std::process::Command) -> Result<String> {
+    let out = cmd.output().map_err(|e| SubstrateError::Command {
+        what: what.to_string(),
+        detail: e.to_string(),
+    })?;
+    if !out.status.success() {
+        return Err(SubstrateError::Command {
+            what: what.to_string(),
+            detail: format!(
+                "{}: {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout).trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}

@@ -1,0 +1,304 @@
+//! `softroce`: one QEMU guest per node in the Soft-RoCE lab
+//! (`deploy/softroce-vm/lab.sh start multi <n> lab_idle ...`), the `rdma`
+//! fabric on each guest's `rxe0`, links cut from the host (`lab.sh cut`,
+//! `heal`). Commands reach a guest through the lab's agent (`lab.sh exec`),
+//! which keeps working while a guest is cut off. The host's root is shared
+//! read-only into the guests, so the binaries run there at their host paths;
+//! a node's data directory lives on the guest's tmpfs. One-way drops are not
+//! available (`lab.sh cut` is symmetric). [`Substrate::teardown`] (also run
+//! on drop) kills the lab (`lab.sh kill`), which removes the guests, taps,
+//! bridge and filter rules.
+//!
+//! UNTESTED so far: written while the lab was busy; see jepsen/README.md.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+use super::{ClusterSpec, Result, Substrate, SubstrateError, TailDamage, WalCheck, serve_args};
+
+/// Control-plane port in every guest.
+pub const LISTEN_PORT: u16 = 7000;
+/// Client API port in every guest.
+pub const CLIENT_PORT: u16 = 8000;
+/// Time allowed for one agent command, seconds (TCG guests are slow).
+pub const EXEC_TIMEOUT_S: u64 = 60;
+
+/// See the module docs.
+pub struct SoftRoce {
+    spec: ClusterSpec,
+    lab_sh: PathBuf,
+    lab_run: String,
+    peers: String,
+    running: Mutex<BTreeMap<u64, bool>>,
+    cuts: Mutex<BTreeSet<(u64, u64)>>,
+    torn_down: Mutex<bool>,
+}
+
+fn guest_ip(id: u64) -> String {
+    format!("10.77.0.{}", 10 + id)
+}
+
+fn guest_dir(id: u64) -> String {
+    format!("/var/tmp/ringraft-jepsen/n{id}")
+}
+
+/// Quotes `s` for a POSIX shell.
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+impl SoftRoce {
+    /// Boots one guest per node (`lab.sh start multi`), bounded by
+    /// `lab_timeout_s` (the lab's own `LAB_TIMEOUT`).
+    pub fn new(spec: ClusterSpec, lab_sh: PathBuf, lab_timeout_s: u64) -> Result<SoftRoce> {
+        let n = spec.nodes.len().to_string();
+        let mut cmd = Command::new(&lab_sh);
+        cmd.args(["start", "multi", &n])
+            .args(spec.nodes.iter().map(|_| "lab_idle"))
+            .env("LAB_TIMEOUT", lab_timeout_s.to_string());
+        let out = super::run_cmd("lab.sh start multi", &mut cmd)?;
+        let lab_run = out
+            .lines()
+            .find_map(|l| l.strip_prefix("LAB_RUN="))
+            .ok_or_else(|| SubstrateError::Command {
+                what: "lab.sh start multi".into(),
+                detail: format!("no LAB_RUN= line in its output: {out}"),
+            })?
+            .trim()
+            .to_string();
+        let peers = spec
+            .nodes
+            .iter()
+            .map(|id| format!("{id}={}:{LISTEN_PORT}", guest_ip(*id)))
+            .collect::<Vec<_>>()
+            .join(",");
+        Ok(SoftRoce {
+            spec,
+            lab_sh,
+            lab_run,
+            peers,
+            running: Mutex::new(BTreeMap::new()),
+            cuts: Mutex::new(BTreeSet::new()),
+            torn_down: Mutex::new(false),
+        })
+    }
+
+    fn lab(&self, what: &str, args: &[&str]) -> Result<String> {
+        super::run_cmd(
+            what,
+            Command::new(&self.lab_sh)
+                .args(args)
+                .env("LAB_RUN", &self.lab_run),
+        )
+    }
+
+    fn exec(&self, id: u64, script: &str) -> Result<String> {
+        self.lab(
+            &format!("in guest {id}: {script}"),
+            &[
+                "exec",
+                "-t",
+                &EXEC_TIMEOUT_S.to_string(),
+                &id.to_string(),
+                script,
+            ],
+        )
+    }
+
+    fn set_running(&self, id: u64, running: bool) {
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, running);
+    }
+}
+
+impl Substrate for SoftRoce {
+    fn name(&self) -> &'static str {
+        "softroce"
+    }
+    fn nodes(&self) -> Vec<u64> {
+        self.spec.nodes.clone()
+    }
+    fn client_endpoint(&self, id: u64) -> String {
+        format!("{}:{CLIENT_PORT}", guest_ip(id))
+    }
+    fn listen_addr(&self, id: u64) -> String {
+        format!("{}:{LISTEN_PORT}", guest_ip(id))
+    }
+    fn start(&self, id: u64) -> Result<()> {
+        let dir = guest_dir(id);
+        let mut args = serve_args(
+            &self.spec,
+            id,
+            Path::new(&format!("{dir}/data")),
+            &self.listen_addr(id),
+            &self.client_endpoint(id),
+            &self.peers,
+            "rdma",
+        );
+        args.extend(["--rdma-device".to_string(), "rxe0".to_string()]);
+        let cmdline = std::iter::once(self.spec.ringraft_bin.display().to_string())
+            .chain(args)
+            .map(|a| sh_quote(&a))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let env = match &self.spec.planted_bug {
+            Some(bug) => format!("RINGRAFT_PLANTED_BUG={} ", sh_quote(bug)),
+            None => String::new(),
+        };
+        let script = format!(
+            "mkdir -p {dir}/data; \
+             if [ -f {dir}/pid ] && kill -0 $(cat {dir}/pid) 2>/dev/null; then exit 0; fi; \
+             {env}setsid nohup {cmdline} >>{dir}/serve.log 2>&1 </dev/null & echo $! >{dir}/pid"
+        );
+        self.exec(id, &script)?;
+        self.set_running(id, true);
+        Ok(())
+    }
+    fn kill(&self, id: u64) -> Result<()> {
+        let dir = guest_dir(id);
+        self.exec(
+            id,
+            &format!(
+                "p=$(cat {dir}/pid 2>/dev/null) || exit 0; kill -9 $p 2>/dev/null; \
+                 while kill -0 $p 2>/dev/null; do sleep 0.1; done; rm -f {dir}/pid"
+            ),
+        )?;
+        self.set_running(id, false);
+        Ok(())
+    }
+    fn stop(&self, id: u64) -> Result<()> {
+        let dir = guest_dir(id);
+        self.exec(
+            id,
+            &format!(
+                "p=$(cat {dir}/pid 2>/dev/null) || exit 0; kill -CONT $p; kill -TERM $p; \
+                 for i in $(seq 100); do kill -0 $p 2>/dev/null || break; sleep 0.1; done; \
+                 kill -9 $p 2>/dev/null; while kill -0 $p 2>/dev/null; do sleep 0.1; done; rm -f {dir}/pid"
+            ),
+        )?;
+        self.set_running(id, false);
+        Ok(())
+    }
+    fn is_running(&self, id: u64) -> bool {
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .copied()
+            .unwrap_or(false)
+    }
+    fn pause(&self, id: u64) -> Result<()> {
+        self.exec(id, &format!("kill -STOP $(cat {}/pid)", guest_dir(id)))
+            .map(drop)
+    }
+    fn resume(&self, id: u64) -> Result<()> {
+        self.exec(id, &format!("kill -CONT $(cat {}/pid)", guest_dir(id)))
+            .map(drop)
+    }
+    fn can_partition(&self) -> bool {
+        true
+    }
+    fn can_drop_one_way(&self) -> bool {
+        false
+    }
+    fn partition(&self, groups: &[Vec<u64>]) -> Result<()> {
+        self.heal()?;
+        for (g, group) in groups.iter().enumerate() {
+            for other in &groups[g + 1..] {
+                for &a in group {
+                    for &b in other {
+                        self.lab(
+                            &format!("lab.sh cut {a} {b}"),
+                            &["cut", &a.to_string(), &b.to_string()],
+                        )?;
+                        self.cuts
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert((a, b));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+    fn drop_one_way(&self, _from: u64, _to: u64) -> Result<()> {
+        Err(SubstrateError::Unsupported {
+            substrate: "softroce",
+            what: "drop packets one way (lab.sh cut is symmetric)",
+        })
+    }
+    fn heal(&self) -> Result<()> {
+        let cuts = std::mem::take(&mut *self.cuts.lock().unwrap_or_else(|p| p.into_inner()));
+        for (a, b) in cuts {
+            self.lab(
+                &format!("lab.sh heal {a} {b}"),
+                &["heal", &a.to_string(), &b.to_string()],
+            )?;
+        }
+        Ok(())
+    }
+    fn damage_tail(&self, id: u64, damage: TailDamage, seed: u64) -> Result<String> {
+        if self.is_running(id) {
+            return Err(SubstrateError::Node {
+                node: id,
+                why: "still running: only a stopped node's ring may be damaged".into(),
+            });
+        }
+        self.exec(
+            id,
+            &format!(
+                "{} damage-tail --data-dir {}/data --mode {} --seed {seed}",
+                sh_quote(&self.spec.jepsen_bin.display().to_string()),
+                guest_dir(id),
+                damage.as_str()
+            ),
+        )
+    }
+    fn wal_check(&self, id: u64) -> Result<WalCheck> {
+        let script = format!(
+            "{} wal check --data-dir {}/data; echo \"wal-check-status=$?\"",
+            sh_quote(&self.spec.ringraft_bin.display().to_string()),
+            guest_dir(id)
+        );
+        let output = self.exec(id, &script)?;
+        let status = output
+            .lines()
+            .rev()
+            .find_map(|l| l.trim().strip_prefix("wal-check-status="))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(-1);
+        Ok(WalCheck { status, output })
+    }
+    fn collect_logs(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|source| SubstrateError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        for &id in &self.spec.nodes {
+            let log = self.exec(id, &format!("cat {}/serve.log", guest_dir(id)))?;
+            let to = dir.join(format!("n{id}.log"));
+            std::fs::write(&to, log).map_err(|source| SubstrateError::Io { path: to, source })?;
+        }
+        Ok(())
+    }
+    fn teardown(&self) -> Result<()> {
+        let mut done = self.torn_down.lock().unwrap_or_else(|p| p.into_inner());
+        if *done {
+            return Ok(());
+        }
+        *done = true;
+        self.lab("lab.sh kill", &["kill"]).map(drop)
+    }
+}
+
+impl Drop for SoftRoce {
+    fn drop(&mut self) {
+        if let Err(e) = self.teardown() {
+            eprintln!("ringraft-jepsen: {e}");
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! The clients: concurrent tasks that append unique values and read ranges
+//! and the tail through the Rust client (`ringraft_client::Client`), and
+//! record every invocation and completion in the history. A client process
+//! has one operation outstanding; after an `info` (outcome unknown) it
+//! retires and the task goes on as a fresh process with a fresh client
+//! session. Appends that fail are recorded as `info` (the client library
+//! retries internally with one session, so a refusal after a timed-out
+//! attempt does not prove the record absent); reads that fail are `fail`
+//! (a read has no effect).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use ringraft_client::{Client, Consistency as ApiConsistency};
+
+use crate::history::{Consistency, Event, EventType, HistoryWriter, ReadRecord};
+use crate::rng::SplitMix64;
+
+/// Longest range a range read asks for, records.
+pub const MAX_READ_SPAN: u64 = 32;
+/// How far below the highest acknowledged index a tail read starts.
+pub const TAIL_READ_BACK: u64 = 32;
+
+/// What the clients do.
+#[derive(Debug, Clone)]
+pub struct WorkloadConfig {
+    /// Concurrent clients.
+    pub clients: u64,
+    /// Every node's client address.
+    pub endpoints: Vec<String>,
+    /// Time per endpoint per attempt.
+    pub per_endpoint: Duration,
+    /// Time one operation may take in all (retries included).
+    pub op_deadline: Duration,
+    /// Pause between a client's operations.
+    pub think: Duration,
+    /// Seed of the operation mix.
+    pub seed: u64,
+}
+
+/// Counts of what the clients saw.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct WorkloadStats {
+    /// Appends acknowledged.
+    pub append_ok: u64,
+    /// Appends with unknown outcome.
+    pub append_info: u64,
+    /// Reads answered.
+    pub read_ok: u64,
+    /// Reads that failed.
+    pub read_fail: u64,
+    /// Client processes used.
+    pub processes: u64,
+}
+
+struct Shared {
+    history: Arc<HistoryWriter>,
+    stop: Arc<AtomicBool>,
+    next_process: AtomicU64,
+    max_acked_index: AtomicU64,
+}
+
+/// Runs the clients until `stop` is set; returns what they saw.
+pub async fn run(
+    config: WorkloadConfig,
+    history: Arc<HistoryWriter>,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<WorkloadStats> {
+    let shared = Arc::new(Shared {
+        history,
+        stop,
+        next_process: AtomicU64::new(0),
+        max_acked_index: AtomicU64::new(0),
+    });
+    let mut tasks = Vec::new();
+    for k in 0..config.clients {
+        let (shared, config) = (shared.clone(), config.clone());
+        tasks.push(tokio::spawn(
+            async move { client_loop(k, config, shared).await },
+        ));
+    }
+    let mut total = WorkloadStats::default();
+    for task in tasks {
+        let stats = task
+            .await
+            .map_err(|e| std::io::Error::other(format!("client task: {e}")))??;
+        total.append_ok += stats.append_ok;
+        total.append_info += stats.append_info;
+        total.read_ok += stats.read_ok;
+        total.read_fail += stats.read_fail;
+    }
+    total.processes = shared.next_process.load(Ordering::SeqCst);
+    Ok(total)
+}
+
+fn new_client(k: u64, config: &WorkloadConfig) -> Client {
+    // Each client starts with a different node.
+    let mut endpoints = config.endpoints.clone();
+    if !endpoints.is_empty() {
+        let shift = (k as usize) % endpoints.len();
+        endpoints.rotate_left(shift);
+    }
+    Client::new(endpoints, config.per_endpoint).with_deadline(config.op_deadline)
+}
+
+async fn client_loop(
+    k: u64,
+    config: WorkloadConfig,
+    shared: Arc<Shared>,
+) -> std::io::Result<WorkloadStats> {
+    let mut rng = SplitMix64::new(config.seed ^ (k + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut stats = WorkloadStats::default();
+    let mut process = shared.next_process.fetch_add(1, Ordering::SeqCst);
+    let mut client = new_client(k, &config);
+    let mut seq = 0u64;
+    // Slack over the client's own deadline before the harness gives up.
+    let hard_limit = config.op_deadline + Duration::from_secs(2);
+    while !shared.stop.load(Ordering::SeqCst) {
+        let roll = rng.below(10);
+        if roll < 6 {
+            seq += 1;
+            let data = format!("c{k}-p{process}-{seq}");
+            shared
+                .history
+                .record(Event::append_invoke(0, process, data.clone()))?;
+            let result =
+                tokio::time::timeout(hard_limit, client.append(vec![data.clone().into_bytes()]))
+                    .await;
+            match result {
+                Ok(Ok(indexes)) if indexes.len() == 1 => {
+                    let index = indexes[0];
+                    shared.max_acked_index.fetch_max(index, Ordering::SeqCst);
+                    shared.history.record(Event::append_completion(
+                        0,
+                        process,
+                        EventType::Ok,
+                        data,
+                        Some(index),
+                    ))?;
+                    stats.append_ok += 1;
+                }
+                other => {
+                    let error = match other {
+                        Ok(Ok(indexes)) => {
+                            format!("one record appended, {} indexes answered", indexes.len())
+                        }
+                        Ok(Err(e)) => e.to_string(),
+                        Err(_) => format!("no answer within {hard_limit:?}"),
+                    };
+                    shared.history.record(
+                        Event::append_completion(0, process, EventType::Info, data, None)
+                            .with_error(error),
+                    )?;
+                    stats.append_info += 1;
+                    // This process is done (Jepsen's rule); a new one, with a
+                    // new session, takes over.
+                    process = shared.next_process.fetch_add(1, Ordering::SeqCst);
+                    client = new_client(k, &config);
+                    seq = 0;
+                }
+            }
+        } else {
+            let max = shared.max_acked_index.load(Ordering::SeqCst);
+            let (from, to) = if roll < 8 {
+                let from = 1 + rng.below(max.max(1));
+                (from, Some(from + rng.below(MAX_READ_SPAN)))
+            } else {
+                (max.saturating_sub(TAIL_READ_BACK).max(1), None)
+            };
+            shared.history.record(Event::read_invoke(
+                0,
+                process,
+                from,
+                to,
+                Consistency::Linearizable,
+            ))?;
+            let result = tokio::time::timeout(
+                hard_limit,
+                client.read(from, to.unwrap_or(0), ApiConsistency::Linearizable),
+            )
+            .await;
+            match result {
+                Ok(Ok(records)) => {
+                    let records = records
+                        .into_iter()
+                        .map(|r| ReadRecord {
+                            index: r.index,
+                            data: String::from_utf8_lossy(&r.data).into_owned(),
+                        })
+                        .collect();
+                    shared.history.record(Event::read_completion(
+                        0,
+                        process,
+                        EventType::Ok,
+                        from,
+                        to,
+                        Consistency::Linearizable,
+                        Some(records),
+                    ))?;
+                    stats.read_ok += 1;
+                }
+                other => {
+                    let error = match other {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => format!("no answer within {hard_limit:?}"),
+                    };
+                    shared.history.record(
+                        Event::read_completion(
+                            0,
+                            process,
+                            EventType::Fail,
+                            from,
+                            to,
+                            Consistency::Linearizable,
+                            None,
+                        )
+                        .with_error(error),
+                    )?;
+                    stats.read_fail += 1;
+                }
+            }
+        }
+        if !config.think.is_zero() {
+            tokio::time::sleep(config.think).await;
+        }
+    }
+    Ok(stats)
+}
