@@ -32,6 +32,9 @@ const NODES: u64 = 3;
 const RING_CAPACITY_BYTES: u64 = 8 << 20;
 /// Time a node's client API gets per call while polling.
 const POLL_TIMEOUT: Duration = Duration::from_millis(700);
+/// Time a node's client API gets per append or read (an fsync'ed commit on
+/// a loaded machine can take a while; a retry elsewhere is exactly-once).
+const DATA_TIMEOUT: Duration = Duration::from_secs(5);
 /// Polling period.
 const POLL_PERIOD: Duration = Duration::from_millis(100);
 /// How long a node may take to exit after SIGTERM.
@@ -351,6 +354,10 @@ fn client(endpoints: Vec<String>, deadline: Duration) -> Client {
     Client::new(endpoints, POLL_TIMEOUT).with_deadline(deadline)
 }
 
+fn data_client(endpoints: Vec<String>, deadline: Duration) -> Client {
+    Client::new(endpoints, DATA_TIMEOUT).with_deadline(deadline)
+}
+
 async fn status_of(cluster: &Cluster, id: u64) -> Option<StatusResponse> {
     client(cluster.endpoints(&[id]), POLL_TIMEOUT)
         .status()
@@ -450,7 +457,7 @@ fn record(run: u32, k: usize) -> Vec<u8> {
 }
 
 async fn read_all(cluster: &Cluster, id: u64, deadline: Duration) -> Result<Vec<Record>, String> {
-    client(cluster.endpoints(&[id]), deadline)
+    data_client(cluster.endpoints(&[id]), deadline)
         .read(1, 0, Consistency::Linearizable)
         .await
         .map_err(|e| format!("linearizable read from node {id}: {e}"))
@@ -497,7 +504,7 @@ async fn steps(cluster: &mut Cluster, config: &DemoConfig) -> StepResult<()> {
     let batch1: Vec<Vec<u8>> = (0..config.records).map(|k| record(run, k)).collect();
     let started = Instant::now();
     let indexes = bounded("appending", timeout, async {
-        client(all.clone(), timeout)
+        data_client(all.clone(), timeout)
             .append(batch1.clone())
             .await
             .map_err(|e| Failure::Check(format!("append: {e}")))
@@ -570,12 +577,18 @@ async fn steps(cluster: &mut Cluster, config: &DemoConfig) -> StepResult<()> {
         .map(|k| record(run, k))
         .collect();
     let indexes2 = bounded("appending after the failover", timeout, async {
-        client(cluster.endpoints(&survivors), timeout)
+        data_client(cluster.endpoints(&survivors), timeout)
             .append(batch2.clone())
             .await
             .map_err(|e| Failure::Check(format!("append after the failover: {e}")))
     })
     .await?;
+    if indexes2.len() != batch2.len()
+        || indexes2.windows(2).any(|w| w[0] >= w[1])
+        || indexes2[0] <= indexes[indexes.len() - 1]
+    {
+        return Err(format!("append answered with bad indexes {indexes2:?}").into());
+    }
     say(format!(
         "    committed at indexes {}..={}",
         indexes2[0],

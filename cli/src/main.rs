@@ -526,6 +526,17 @@ async fn run(cli: Cli) -> ExitCode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_) | Command::Demo { .. }) {
+        // A client command is a Unix filter: `ringraft read ... | head` ends
+        // quietly when the reader goes away, instead of failing to print.
+        // (The daemon keeps SIGPIPE ignored: it writes to sockets; the demo
+        // too: it must stop its nodes.)
+        // SAFETY: called before any other thread exists; SIG_DFL is a valid
+        // disposition for SIGPIPE.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
