@@ -280,3 +280,38 @@ async fn a_node_of_another_cluster_is_refused() {
     cluster.wait_applied(index, T).await;
     intruder.shutdown().await;
 }
+
+/// A proposal forwarded by a follower whose caller gives up mid-way (a
+/// client's request cancelled) must not leave its answer behind for the
+/// next forwarded proposal: every answer names the index of its own entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_forwarded_proposal_never_answers_the_next_one() {
+    let cluster = Cluster::start(Kind::Inproc, 3, Durability::Memory, 15).await;
+    let leader = cluster.leader().await;
+    let follower = if leader == 1 { 2 } else { 1 };
+    let mut abandoned = 0;
+    for k in 0..60u64 {
+        // Give up after 0..3 ms: sometimes before forwarding, sometimes
+        // with the request at the leader and its answer still to come.
+        let patience = Duration::from_micros((k * 397) % 3000);
+        let cancelled = tokio::time::timeout(
+            patience,
+            cluster
+                .node(follower)
+                .propose(format!("abandoned-{k}").into_bytes()),
+        )
+        .await;
+        abandoned += u32::from(cancelled.is_err());
+        let data = format!("checked-{k}").into_bytes();
+        let (index, _) = cluster.node(follower).propose(data.clone()).await.unwrap();
+        cluster.wait_applied(index, T).await;
+        let applied = cluster.applied(follower);
+        let at = applied.entries.iter().find(|(i, _)| *i == index);
+        assert_eq!(
+            at.map(|(_, d)| d),
+            Some(&data),
+            "the answer to proposal {k} names index {index}, which holds another entry"
+        );
+    }
+    assert!(abandoned > 10, "the test abandoned proposals ({abandoned})");
+}

@@ -109,6 +109,12 @@ pub struct PeerNet {
     addr: String,
     link: Option<Link>,
     view: Option<View>,
+    /// Requests posted on `link` whose replies were not taken yet. Replies
+    /// come in order, so a new exchange that finds this non-zero would take
+    /// the answer to an abandoned one (a caller dropped mid-call, e.g. a
+    /// client's request cancelled while forwarded to the leader): it drops
+    /// the connection instead.
+    unanswered: usize,
     /// PLANTED BUG (test-only): requests acknowledged but not yet sent.
     #[cfg(feature = "planted-bugs")]
     planted_backlog: VecDeque<(tokio::time::Instant, AppendEntriesRequest<TypeConfig>)>,
@@ -177,6 +183,7 @@ impl PeerNet {
             addr,
             link: None,
             view: None,
+            unanswered: 0,
             #[cfg(feature = "planted-bugs")]
             planted_backlog: VecDeque::new(),
         }
@@ -188,6 +195,16 @@ impl PeerNet {
             link.conn.close();
         }
         self.view = None;
+        self.unanswered = 0;
+    }
+
+    /// Starts a new exchange: a reply still owed to an abandoned one would
+    /// be mistaken for this exchange's answer, so such a connection is
+    /// dropped (and made again).
+    fn begin_exchange(&mut self) {
+        if self.unanswered > 0 {
+            self.drop_link("an earlier exchange was abandoned before its reply");
+        }
     }
 
     async fn link(&mut self) -> Result<&Link, Failure> {
@@ -231,8 +248,9 @@ impl PeerNet {
         // The send's own completion is not awaited: the reply implies it.
         link.conn
             .post_send(&bytes)
-            .map(drop)
-            .map_err(|e| Failure::Network(e.to_string()))
+            .map_err(|e| Failure::Network(e.to_string()))?;
+        self.unanswered += 1;
+        Ok(())
     }
 
     /// Takes the next reply.
@@ -254,7 +272,10 @@ impl PeerNet {
                 self.target
             ))),
             Ok(Err(e)) => Err(Failure::Network(e.to_string())),
-            Ok(Ok(Received::Message(bytes))) => decode::<Reply>(&bytes).map_err(Failure::Network),
+            Ok(Ok(Received::Message(bytes))) => {
+                self.unanswered = self.unanswered.saturating_sub(1);
+                decode::<Reply>(&bytes).map_err(Failure::Network)
+            }
             Ok(Ok(Received::WriteImmediate(_))) => {
                 Err(Failure::Network("unexpected immediate".into()))
             }
@@ -277,6 +298,7 @@ impl PeerNet {
         request: &Request,
         ttl: Duration,
     ) -> Result<Reply, Failure> {
+        self.begin_exchange();
         self.link().await?;
         self.post(request)?;
         self.reply(ttl).await
@@ -641,6 +663,7 @@ impl RaftNetworkV2<TypeConfig> for PeerNet {
             return Ok(self.planted_ack_before_replication(rpc, option).await);
         }
         let ttl = option.hard_ttl();
+        self.begin_exchange();
         let inflight = match self.post_append(rpc, ttl).await {
             Ok(inflight) => inflight,
             Err(Failure::HigherVote(v)) => return Ok(higher_vote_response(v)),
@@ -672,6 +695,7 @@ impl RaftNetworkV2<TypeConfig> for PeerNet {
             return openraft::network::stream_append_sequential(self, input, option);
         }
         Box::pin(async move {
+            self.begin_exchange();
             let state = Pipeline {
                 net: self,
                 input,
