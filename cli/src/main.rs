@@ -35,14 +35,39 @@ struct Endpoints {
     /// Time allowed per endpoint per attempt, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     timeout_ms: u64,
+    /// Time one operation may keep retrying in all, in milliseconds.
+    /// Default: 60 s for writes (they ride through leader changes); for
+    /// queries (status, read, members list), one pass over the endpoints
+    /// plus one second, so that dead endpoints fail the command quickly.
+    #[arg(long)]
+    deadline_ms: Option<u64>,
 }
 
 impl Endpoints {
+    /// A client for writes and membership changes.
     fn client(&self) -> Client {
+        let client = Client::new(
+            self.endpoints.clone(),
+            Duration::from_millis(self.timeout_ms),
+        );
+        match self.deadline_ms {
+            Some(ms) => client.with_deadline(Duration::from_millis(ms)),
+            None => client,
+        }
+    }
+
+    /// A client for queries: gives up after one pass over the endpoints
+    /// (unless `--deadline-ms` says otherwise).
+    fn query_client(&self) -> Client {
+        let pass = self
+            .timeout_ms
+            .saturating_mul(self.endpoints.len().max(1) as u64)
+            .saturating_add(1000);
         Client::new(
             self.endpoints.clone(),
             Duration::from_millis(self.timeout_ms),
         )
+        .with_deadline(Duration::from_millis(self.deadline_ms.unwrap_or(pass)))
     }
 }
 
@@ -338,7 +363,11 @@ async fn run(cli: Cli) -> ExitCode {
                 Ok(c) => c,
                 Err(e) => return fail(e),
             };
-            let mut client = endpoints.client();
+            let mut client = if follow {
+                endpoints.client()
+            } else {
+                endpoints.query_client()
+            };
             let mut out = std::io::stdout().lock();
             if !follow {
                 return match client.read(from, to.unwrap_or(0), consistency).await {
@@ -372,7 +401,7 @@ async fn run(cli: Cli) -> ExitCode {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
-        Command::Status { endpoints, json } => match endpoints.client().status().await {
+        Command::Status { endpoints, json } => match endpoints.query_client().status().await {
             Ok(s) => {
                 if json {
                     let members: Vec<_> = s
@@ -429,7 +458,7 @@ async fn run(cli: Cli) -> ExitCode {
         },
         Command::Members { action } => {
             let result = match action {
-                MembersAction::List { endpoints } => endpoints.client().members().await,
+                MembersAction::List { endpoints } => endpoints.query_client().members().await,
                 MembersAction::Add {
                     endpoints,
                     id,
