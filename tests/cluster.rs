@@ -241,7 +241,12 @@ async fn exactly_once_across_retries_with_sessions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_of_another_cluster_is_refused() {
     use ringraft::{Fabric, NodeBuilder, NodeConfig};
-    let cluster = Cluster::start(Kind::Inproc, 3, Durability::Memory, 15).await;
+    // Election timeouts well above any scheduling hiccup of a loaded
+    // machine: the term may change only if the intruder disturbed it.
+    let cluster = Cluster::start_with(Kind::Inproc, 3, Durability::Memory, 15, |cfg| {
+        cfg.election_timeout_ms = (3000, 4000);
+    })
+    .await;
     let leader = cluster.leader().await;
     let term = cluster.node(leader).status().term;
     // Same secret, same fabric, another cluster id: it campaigns at our

@@ -306,6 +306,14 @@ impl NodeBuilder {
             // inside, not by forbidding reversion, which openraft would
             // answer with a panic of the leader.
             allow_log_reversion: Some(true),
+            // A restarted leader goes through an election (a new term)
+            // like any node: its ring may have lost a tail the cluster
+            // committed (unsynced in `memory` mode, torn, or damaged while
+            // down). Restored as leader of its old term, it would give new
+            // entries the log ids its followers already hold with other
+            // data, and they would keep theirs (openraft's default restores
+            // leadership at startup).
+            enable_leader_restore: Some(false),
             ..Default::default()
         }
         .validate()
