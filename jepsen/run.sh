@@ -5,9 +5,9 @@
 #                             # (skip with RINGRAFT_SKIP_LAB=1), planted bug (must be caught)
 #   jepsen/run.sh --long      # longer runs, every nemesis, 5 nodes on netns
 #
-# Builds (release): ringraft-jepsen, ringraft (normal), ringraft with the
-# planted bugs into target/planted, and for softroce ringraft with rdma into
-# target/rdma. Runs go to $RINGRAFT_JEPSEN_OUT (default target/jepsen/<date>).
+# Builds (release, one target dir): ringraft-jepsen, and the daemon three
+# ways (normal; with the planted bugs; for softroce with rdma), copied to
+# target/jepsen-bins. Runs go to $RINGRAFT_JEPSEN_OUT (default target/jepsen/<date>).
 # Exit status: 0 when every normal run is valid and the planted run is
 # flagged; 1 otherwise.
 set -uo pipefail
@@ -19,16 +19,23 @@ case "$MODE" in --quick|--long) ;; *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
 OUT=${RINGRAFT_JEPSEN_OUT:-$ROOT/target/jepsen/$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 
-build() { echo "+ cargo build $*" >&2; cargo build --release "$@" >&2 || exit 1; }
-build -p ringraft-jepsen -p ringraft-cli
-build -p ringraft-cli --bin ringraft --features ringraft/planted-bugs --target-dir target/planted
+build() { echo "+ cargo build --release --locked $*" >&2; cargo build --release --locked "$@" >&2 || exit 1; }
+# One target directory for every variant (they share all dependencies); each
+# variant's daemon is copied out before the next build overwrites it.
+BINS=$ROOT/target/jepsen-bins
+mkdir -p "$BINS"
+build -p ringraft-cli --bin ringraft --features ringraft/planted-bugs
+cp target/release/ringraft "$BINS/ringraft-planted"
 if [ "${RINGRAFT_SKIP_LAB:-0}" != 1 ]; then
-    build -p ringraft-cli --bin ringraft --features rdma --target-dir target/rdma
+    build -p ringraft-cli --bin ringraft --features rdma
+    cp target/release/ringraft "$BINS/ringraft-rdma"
 fi
+build -p ringraft-jepsen -p ringraft-cli
+cp target/release/ringraft "$BINS/ringraft"
 JEPSEN=$ROOT/target/release/ringraft-jepsen
-NORMAL=$ROOT/target/release/ringraft
-PLANTED=$ROOT/target/planted/release/ringraft
-RDMA=$ROOT/target/rdma/release/ringraft
+NORMAL=$BINS/ringraft
+PLANTED=$BINS/ringraft-planted
+RDMA=$BINS/ringraft-rdma
 
 SUMMARY=()
 FAILED=0
