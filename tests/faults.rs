@@ -233,8 +233,22 @@ async fn membership_changes_under_load() {
     let mut c = Cluster::start(Kind::Inproc, 5, Durability::Memory, 6).await;
     // Start with 3 voters: remove 4 and 5, then add them back as learners
     // and promote them, while clients write.
-    let leader = c.leader().await;
-    c.node(leader).remove([4, 5].into()).await.unwrap();
+    // (Through whoever leads: on a loaded machine leadership may move
+    // right after the first election.)
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        let leader = c.leader().await;
+        match c.node(leader).remove([4, 5].into()).await {
+            Ok(_) => break,
+            Err(e @ (NodeError::NotLeader { .. } | NodeError::Unknown(_)))
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tracing::debug!(error = %e, "membership change retried");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("removing 4 and 5: {e}"),
+        }
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(std::sync::Mutex::new(Vec::new()));
     let cluster = Arc::new(tokio::sync::RwLock::new(()));

@@ -64,6 +64,10 @@ pub struct NetCtx {
     pub metrics: Arc<crate::metrics::Metrics>,
 }
 
+/// How long one attempt to connect to a peer may take (it runs on even
+/// when the RPC that started it gives up).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Creates a client per target (openraft's factory).
 #[derive(Clone)]
 pub struct NetworkFactory {
@@ -115,6 +119,10 @@ pub struct PeerNet {
     /// client's request cancelled while forwarded to the leader): it drops
     /// the connection instead.
     unanswered: usize,
+    /// A connection being made, in a task of its own: a caller that gives
+    /// up (an RPC timeout shorter than a slow fabric's connection setup)
+    /// leaves it running for the next caller instead of starting over.
+    connecting: Option<tokio::task::JoinHandle<Result<Connection, String>>>,
     /// PLANTED BUG (test-only): requests acknowledged but not yet sent.
     #[cfg(feature = "planted-bugs")]
     planted_backlog: VecDeque<(tokio::time::Instant, AppendEntriesRequest<TypeConfig>)>,
@@ -184,6 +192,7 @@ impl PeerNet {
             link: None,
             view: None,
             unanswered: 0,
+            connecting: None,
             #[cfg(feature = "planted-bugs")]
             planted_backlog: VecDeque::new(),
         }
@@ -212,15 +221,23 @@ impl PeerNet {
             self.drop_link("in the error state");
         }
         if self.link.is_none() {
-            let conn = self
-                .ctx
-                .device
-                .connect(
-                    &self.addr,
-                    self.ctx.conn_config.clone(),
-                    crate::protocol::Join::bytes(self.ctx.cluster_id),
-                )
-                .await
+            let connecting = self.connecting.get_or_insert_with(|| {
+                let (ctx, addr) = (self.ctx.clone(), self.addr.clone());
+                tokio::spawn(async move {
+                    let join = crate::protocol::Join::bytes(ctx.cluster_id);
+                    let connect = ctx.device.connect(&addr, ctx.conn_config.clone(), join);
+                    match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+                        Ok(r) => r.map_err(|e| e.to_string()),
+                        Err(_) => Err(format!("no connection within {CONNECT_TIMEOUT:?}")),
+                    }
+                })
+            });
+            // Cancel-safe: dropped here, the task and its handle remain.
+            let joined = connecting.await;
+            self.connecting = None;
+            let conn = joined
+                .map_err(|e| format!("connection task: {e}"))
+                .and_then(|r| r)
                 .map_err(|e| {
                     Failure::Unreachable(format!("node {} at {}: {e}", self.target, self.addr))
                 })?;
