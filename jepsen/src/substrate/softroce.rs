@@ -140,6 +140,18 @@ impl Substrate for SoftRoce {
             "rdma",
         );
         args.extend(["--rdma-device".to_string(), "rxe0".to_string()]);
+        // Under TCG an rdma connection takes longer to set up than the
+        // daemon's default heartbeat (openraft's per-RPC timeout) allows:
+        // every attempt would be cancelled half-way.
+        args.extend(
+            [
+                "--heartbeat-ms",
+                "1000",
+                "--election-timeout-ms",
+                "3000,6000",
+            ]
+            .map(String::from),
+        );
         let cmdline = std::iter::once(self.spec.ringraft_bin.display().to_string())
             .chain(args)
             .map(|a| sh_quote(&a))
