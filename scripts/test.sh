@@ -7,7 +7,7 @@
 #     QEMU guests, the rdma backend's conformance suite in one guest and
 #     across two, link cuts, the stale-leader scenario across three guests;
 #  3. the quick Jepsen runs (jepsen/run.sh --quick): network namespaces with
-#     the tcp fabric, then the planted-bug run (must be flagged).
+#     the tcp fabric, one run on Soft-RoCE guests, the planted-bug run.
 # 2 and 3 need root (bridges, namespaces, iptables, QEMU) and install nothing
 # beyond what .ci/run installs. RINGRAFT_SKIP_LAB=1 skips them, loudly.
 set -euo pipefail

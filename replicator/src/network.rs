@@ -62,6 +62,37 @@ pub struct NetCtx {
     pub conn_config: ConnConfig,
     /// Metrics.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// What clients that are gone left for the next client of the same
+    /// target (openraft makes a new client for every round of votes).
+    pub(crate) spare: std::sync::Mutex<std::collections::HashMap<u64, Spare>>,
+}
+
+/// A connection a client left behind.
+pub(crate) enum Spare {
+    /// Still being made (its client gave up waiting).
+    Connecting(tokio::task::JoinHandle<Result<Connection, String>>),
+    /// Made, healthy, with no request in flight.
+    Idle(Connection),
+}
+
+/// Awaits a connection being made; dropped before it is made, it leaves
+/// the attempt to the next client of the same target.
+struct Pending {
+    ctx: Arc<NetCtx>,
+    target: u64,
+    handle: Option<tokio::task::JoinHandle<Result<Connection, String>>>,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take()
+            && let Ok(mut spare) = self.ctx.spare.lock()
+        {
+            spare
+                .entry(self.target)
+                .or_insert(Spare::Connecting(handle));
+        }
+    }
 }
 
 /// How long one attempt to connect to a peer may take (it runs on even
@@ -119,10 +150,6 @@ pub struct PeerNet {
     /// client's request cancelled while forwarded to the leader): it drops
     /// the connection instead.
     unanswered: usize,
-    /// A connection being made, in a task of its own: a caller that gives
-    /// up (an RPC timeout shorter than a slow fabric's connection setup)
-    /// leaves it running for the next caller instead of starting over.
-    connecting: Option<tokio::task::JoinHandle<Result<Connection, String>>>,
     /// PLANTED BUG (test-only): requests acknowledged but not yet sent.
     #[cfg(feature = "planted-bugs")]
     planted_backlog: VecDeque<(tokio::time::Instant, AppendEntriesRequest<TypeConfig>)>,
@@ -183,6 +210,24 @@ struct InFlight {
     deadline: tokio::time::Instant,
 }
 
+impl Drop for PeerNet {
+    fn drop(&mut self) {
+        // A healthy connection with nothing in flight is left to the next
+        // client of this target (at most one per target).
+        if let Some(link) = self.link.take() {
+            if self.unanswered == 0
+                && link.conn.error().is_none()
+                && let Ok(mut spare) = self.ctx.spare.lock()
+                && !spare.contains_key(&self.target)
+            {
+                spare.insert(self.target, Spare::Idle(link.conn));
+                return;
+            }
+            link.conn.close();
+        }
+    }
+}
+
 impl PeerNet {
     pub(crate) fn new(ctx: Arc<NetCtx>, target: u64, addr: String) -> PeerNet {
         PeerNet {
@@ -192,7 +237,6 @@ impl PeerNet {
             link: None,
             view: None,
             unanswered: 0,
-            connecting: None,
             #[cfg(feature = "planted-bugs")]
             planted_backlog: VecDeque::new(),
         }
@@ -221,26 +265,54 @@ impl PeerNet {
             self.drop_link("in the error state");
         }
         if self.link.is_none() {
-            let connecting = self.connecting.get_or_insert_with(|| {
-                let (ctx, addr) = (self.ctx.clone(), self.addr.clone());
-                tokio::spawn(async move {
-                    let join = crate::protocol::Join::bytes(ctx.cluster_id);
-                    let connect = ctx.device.connect(&addr, ctx.conn_config.clone(), join);
-                    match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
-                        Ok(r) => r.map_err(|e| e.to_string()),
-                        Err(_) => Err(format!("no connection within {CONNECT_TIMEOUT:?}")),
-                    }
-                })
-            });
-            // Cancel-safe: dropped here, the task and its handle remain.
-            let joined = connecting.await;
-            self.connecting = None;
-            let conn = joined
-                .map_err(|e| format!("connection task: {e}"))
-                .and_then(|r| r)
-                .map_err(|e| {
-                    Failure::Unreachable(format!("node {} at {}: {e}", self.target, self.addr))
-                })?;
+            // A connection made in a task of its own, so that an RPC timeout
+            // shorter than a slow fabric's connection setup (rdma under TCG)
+            // does not cancel every attempt; an attempt or an idle
+            // connection left by an earlier client of this target first.
+            let spare = self
+                .ctx
+                .spare
+                .lock()
+                .ok()
+                .and_then(|mut s| s.remove(&self.target));
+            let conn = match spare {
+                Some(Spare::Idle(conn)) if conn.error().is_none() => conn,
+                spare => {
+                    let handle = match spare {
+                        Some(Spare::Connecting(handle)) => handle,
+                        _ => {
+                            let (ctx, addr) = (self.ctx.clone(), self.addr.clone());
+                            tokio::spawn(async move {
+                                let join = crate::protocol::Join::bytes(ctx.cluster_id);
+                                let connect =
+                                    ctx.device.connect(&addr, ctx.conn_config.clone(), join);
+                                match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+                                    Ok(r) => r.map_err(|e| e.to_string()),
+                                    Err(_) => {
+                                        Err(format!("no connection within {CONNECT_TIMEOUT:?}"))
+                                    }
+                                }
+                            })
+                        }
+                    };
+                    let mut pending = Pending {
+                        ctx: self.ctx.clone(),
+                        target: self.target,
+                        handle: Some(handle),
+                    };
+                    let joined = pending.handle.as_mut().expect("just set").await;
+                    pending.handle = None;
+                    joined
+                        .map_err(|e| format!("connection task: {e}"))
+                        .and_then(|r| r)
+                        .map_err(|e| {
+                            Failure::Unreachable(format!(
+                                "node {} at {}: {e}",
+                                self.target, self.addr
+                            ))
+                        })?
+                }
+            };
             let hello: Hello = decode(&conn.peer().reveal.app_data).map_err(Failure::Network)?;
             if hello.cluster_id != self.ctx.cluster_id || hello.node_id != self.target {
                 conn.close();

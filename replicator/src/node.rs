@@ -325,6 +325,7 @@ impl NodeBuilder {
             cluster_id: config.cluster_id,
             conn_config: config.conn.clone(),
             metrics: metrics.clone(),
+            spare: Default::default(),
         });
         let net = NetworkFactory::new(net_ctx.clone());
         let raft = Raft::new(
