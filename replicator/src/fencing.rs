@@ -120,19 +120,38 @@ impl FencedRing {
 
     /// Grants write access to the holder of `epoch`, which must be the
     /// ring's fence: rotates the rkey (nobody else keeps access) and returns
-    /// the new descriptor, or the fence found when it is not `epoch`.
+    /// the new descriptor. Refused, with the fence found (or the epoch of
+    /// this node's vote where that is higher), when `epoch` is not the
+    /// fence, or when it cannot be the epoch of a current leader:
+    /// - its term is below this node's vote term. The fence may still hold
+    ///   a deposed leader's epoch after the term advanced (the rkey was
+    ///   rotated then, and no leader of the new term has fenced in yet);
+    ///   that leader must not get write access back (DESIGN.md, fencing);
+    /// - this node's vote is committed (it knows the leader of that term)
+    ///   for another leader of the same term.
+    ///
+    /// Call it through [`LogStore::exclusively`], so that the tail the
+    /// grantee learns stays exact.
     pub fn grant(&self, store: &LogStore, epoch: Epoch) -> Result<RemoteRegion, Epoch> {
-        let fence = store.fence();
-        if fence != epoch {
-            return Err(fence);
-        }
-        match self.revoke() {
-            Ok(region) => Ok(region),
+        refuse_grant(store, epoch)?;
+        let region = match self.revoke() {
+            Ok(region) => region,
             Err(error) => {
                 tracing::error!(%error, "rkey rotation failed; refusing the grant");
-                Err(fence)
+                return Err(store.fence());
             }
+        };
+        // The fence (a remote CAS, this node's own) or the vote may have
+        // moved between the check and the rotation: checked again, so that
+        // either the change's own rotation comes after this one, or the
+        // grant is refused (and the new rkey revoked).
+        if let Err(found) = refuse_grant(store, epoch) {
+            if let Err(error) = self.revoke() {
+                tracing::error!(%error, "rkey rotation failed after a refused grant");
+            }
+            return Err(found);
         }
+        Ok(region)
     }
 
     /// How many times the data area's rkey was rotated.
@@ -145,6 +164,38 @@ impl Drop for FencedRing {
     fn drop(&mut self) {
         self.release();
     }
+}
+
+/// Why `epoch` may not be granted write access now: the fence found (or
+/// the epoch of this node's vote where that is higher). See
+/// [`FencedRing::grant`].
+fn refuse_grant(store: &LogStore, epoch: Epoch) -> Result<(), Epoch> {
+    let fence = store.fence();
+    if fence != epoch {
+        return Err(fence);
+    }
+    let Some(vote) = store.vote() else {
+        return Ok(());
+    };
+    let superseded = epoch.term() < vote.term
+        || (vote.committed
+            && epoch.term() == vote.term
+            && vote.voted_for != Some(epoch.leader_id()));
+    if !superseded {
+        return Ok(());
+    }
+    tracing::info!(
+        %epoch,
+        vote_term = vote.term,
+        voted_for = ?vote.voted_for,
+        "grant refused: the epoch is of a superseded leader"
+    );
+    let voted = vote
+        .voted_for
+        .and_then(|leader| Epoch::new(vote.term, leader))
+        .or_else(|| Epoch::new(vote.term, 0))
+        .unwrap_or(fence);
+    Err(voted.max(fence))
 }
 
 /// The [`RingGuard`] of a node on a fabric. Clones share it.
@@ -165,6 +216,7 @@ struct GuardInner {
     loopback: tokio::sync::Mutex<Option<(Connection, Hello)>>,
     cpu_fences: std::sync::atomic::AtomicU64,
     loopback_fences: std::sync::atomic::AtomicU64,
+    hooks: Option<crate::hooks::Hooks>,
 }
 
 impl NodeGuard {
@@ -175,6 +227,7 @@ impl NodeGuard {
         node_id: u64,
         cluster_id: u64,
         self_addr: String,
+        hooks: Option<crate::hooks::Hooks>,
     ) -> NodeGuard {
         NodeGuard {
             inner: Arc::new(GuardInner {
@@ -187,6 +240,7 @@ impl NodeGuard {
                 loopback: tokio::sync::Mutex::new(None),
                 cpu_fences: Default::default(),
                 loopback_fences: Default::default(),
+                hooks,
             }),
         }
     }
@@ -208,7 +262,9 @@ impl NodeGuard {
 }
 
 impl GuardInner {
-    async fn cas_through_loopback(&self, epoch: Epoch) -> io::Result<()> {
+    /// Raises the fence to `epoch` through the loopback connection; true if
+    /// this call changed it.
+    async fn cas_through_loopback(&self, epoch: Epoch) -> io::Result<bool> {
         let mut guard = self.loopback.lock().await;
         for _attempt in 0..3 {
             if guard.as_ref().is_none_or(|(c, _)| c.error().is_some()) {
@@ -232,25 +288,25 @@ impl GuardInner {
                 *guard = Some((conn, hello));
             }
             let (conn, hello) = guard.as_ref().expect("just connected");
-            let result: ringraft_transport::Result<()> = async {
+            let result: ringraft_transport::Result<bool> = async {
                 loop {
                     let bytes = conn.read(hello.fence.start(), 8).await?;
                     let current = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
                     if current >= epoch.0 {
-                        return Ok(());
+                        return Ok(false);
                     }
                     if conn
                         .compare_swap(hello.fence.start(), current, epoch.0)
                         .await?
                         == current
                     {
-                        return Ok(());
+                        return Ok(true);
                     }
                 }
             }
             .await;
             match result {
-                Ok(()) => return Ok(()),
+                Ok(changed) => return Ok(changed),
                 Err(e) => {
                     tracing::warn!(error = %e, "self-fence through loopback failed; reconnecting");
                     *guard = None;
@@ -280,15 +336,31 @@ impl RingGuard for NodeGuard {
         let inner = self.inner.clone();
         Box::pin(async move {
             use std::sync::atomic::Ordering::Relaxed;
-            if inner.device.atomic_capability() == AtomicCapability::Global {
+            crate::hooks::pass(inner.hooks.as_ref(), crate::hooks::HookPoint::SelfFence).await;
+            let changed = if inner.device.atomic_capability() == AtomicCapability::Global {
                 let store = inner.store.lock().expect("store lock").clone();
-                store
+                let changed = store
                     .ok_or_else(|| io::Error::other("guard not bound to its store"))?
                     .cas_fence_locally(epoch)?;
                 inner.cpu_fences.fetch_add(1, Relaxed);
+                changed
             } else {
-                inner.cas_through_loopback(epoch).await?;
+                let changed = inner.cas_through_loopback(epoch).await?;
                 inner.loopback_fences.fetch_add(1, Relaxed);
+                changed
+            };
+            // Like every fence change: whoever was granted write access
+            // under the old fence loses it (DESIGN.md, fencing). After the
+            // CAS, so that no grant to the old epoch can follow (a grant
+            // checks the fence again after its own rotation); a WRITE of
+            // the old holder that landed before this rotation lies beyond
+            // the tail, where this node's own append overwrites it.
+            if changed && let Some(ring) = inner.ring.upgrade() {
+                ring.revoke().map_err(|e| {
+                    io::Error::other(format!(
+                        "cannot revoke remote write access to the ring: {e}"
+                    ))
+                })?;
             }
             Ok(())
         })

@@ -15,9 +15,11 @@
 //!   pipelining, snapshots);
 //! - [`server`]: the follower side (adoption checks, votes, snapshots);
 //! - [`fencing`]: registrations, revocation and the node's own fence;
+//! - [`hooks`]: points where a test holds a node to script an interleaving;
 //! - [`node`]: the embedding API ([`NodeBuilder`], [`Node`]).
 
 pub mod fencing;
+pub mod hooks;
 pub mod log_store;
 pub mod metrics;
 pub mod network;

@@ -96,11 +96,70 @@ struct Inner {
     node_id: u64,
     durability: Durability,
     guard: Arc<dyn RingGuard>,
-    /// Records checked in place and waiting for openraft's append.
-    pending: Mutex<Option<PreparedAdoption>>,
+    /// Adoptions prepared per connection, and the leader requests a grant
+    /// must not overlap.
+    adoptions: Mutex<Adoptions>,
+    /// Bumped whenever `adoptions` frees a waiter (a request ended, a grant
+    /// finished).
+    adoptions_changed: tokio::sync::watch::Sender<u64>,
     /// While the log is corrupt inside (DESIGN.md, recovery): no vote may be
     /// granted until the log reaches this index.
     votes_blocked_until: Mutex<Option<u64>>,
+}
+
+/// The acceptor's side of adoption, shared by all its connections.
+///
+/// Each connection has at most one adoption prepared (its requests are
+/// served in order); a connection never erases the bytes another one
+/// prepared. Leader requests that may extend the log (from their fence
+/// check until openraft is done with them) are counted, and a grant waits
+/// until none is in flight: the tail a grant reports then stays exact until
+/// the grantee writes (DESIGN.md, data plane), because every later request
+/// of an older fence holder fails its fence check.
+#[derive(Default)]
+struct Adoptions {
+    /// Per connection: records checked in place, waiting for openraft.
+    pending: std::collections::HashMap<u64, Pending>,
+    /// Leader requests in flight.
+    in_flight: usize,
+    /// Grants waiting for the requests in flight: new requests wait behind
+    /// them.
+    granting: usize,
+}
+
+/// A prepared adoption of one connection.
+struct Pending {
+    prepared: PreparedAdoption,
+    /// Bytes of its range were erased after it was prepared (never, while
+    /// connections respect each other's ranges): its records are not
+    /// adopted, the entries are written again.
+    clobbered: bool,
+}
+
+/// A leader request in flight (see [`LogStore::begin_leader_request`]).
+pub struct LeaderRequest {
+    store: LogStore,
+}
+
+impl Drop for LeaderRequest {
+    fn drop(&mut self) {
+        let mut adoptions = self.store.adoptions();
+        adoptions.in_flight -= 1;
+        drop(adoptions);
+        self.store.inner.adoptions_changed.send_modify(|v| *v += 1);
+    }
+}
+
+/// A grant waiting for the requests in flight (cancel-safe count).
+struct Granting<'a> {
+    store: &'a LogStore,
+}
+
+impl Drop for Granting<'_> {
+    fn drop(&mut self) {
+        self.store.adoptions().granting -= 1;
+        self.store.inner.adoptions_changed.send_modify(|v| *v += 1);
+    }
 }
 
 /// The log store; clones share it (the reader is a clone).
@@ -193,7 +252,8 @@ impl LogStore {
                 node_id,
                 durability,
                 guard,
-                pending: Mutex::new(None),
+                adoptions: Mutex::new(Adoptions::default()),
+                adoptions_changed: tokio::sync::watch::channel(0).0,
                 votes_blocked_until: Mutex::new(blocked),
             }),
         }
@@ -235,29 +295,83 @@ impl LogStore {
         blocked.is_some()
     }
 
-    /// Sets our own fence with a CPU CAS (devices with global atomics, and
-    /// software fabrics, whose atomics are CPU atomics).
-    pub fn cas_fence_locally(&self, epoch: Epoch) -> io::Result<()> {
+    /// Raises our own fence to `epoch` with a CPU CAS (devices with global
+    /// atomics, and software fabrics, whose atomics are CPU atomics); true
+    /// if this call changed it.
+    pub fn cas_fence_locally(&self, epoch: Epoch) -> io::Result<bool> {
         let wal = self.wal();
         let ring = wal.ring();
         loop {
             let current = ring.fence();
             if current >= epoch {
-                return Ok(());
+                return Ok(false);
             }
             let found = ring
                 .compare_exchange_fence(current, epoch)
                 .map_err(io_err)?;
             if found == current {
-                return Ok(());
+                return Ok(true);
+            }
+        }
+    }
+
+    fn adoptions(&self) -> MutexGuard<'_, Adoptions> {
+        self.inner.adoptions.lock().expect("adoptions lock")
+    }
+
+    /// Starts a leader request (an AppendEntries, whatever its body) on the
+    /// acceptor: call it before the request's fence check and keep the
+    /// guard until openraft has answered. Waits while a grant is waiting.
+    pub async fn begin_leader_request(&self) -> LeaderRequest {
+        let mut changed = self.inner.adoptions_changed.subscribe();
+        loop {
+            {
+                let mut adoptions = self.adoptions();
+                if adoptions.granting == 0 {
+                    adoptions.in_flight += 1;
+                    return LeaderRequest {
+                        store: self.clone(),
+                    };
+                }
+            }
+            if changed.changed().await.is_err() {
+                unreachable!("the store holds the sender");
+            }
+        }
+    }
+
+    /// Runs `grant` (a fence check, an rkey rotation, reading the tail)
+    /// when no leader request is in flight, so that no older fence
+    /// holder's request extends the log after the grantee learnt its tail.
+    pub async fn exclusively<T>(&self, grant: impl FnOnce() -> T) -> T {
+        let mut changed = self.inner.adoptions_changed.subscribe();
+        self.adoptions().granting += 1;
+        let _granting = Granting { store: self };
+        loop {
+            {
+                let adoptions = self.adoptions();
+                if adoptions.in_flight == 0 {
+                    // Requests wait while `granting > 0`: none starts while
+                    // the lock is held or the grant runs.
+                    return grant();
+                }
+            }
+            if changed.changed().await.is_err() {
+                unreachable!("the store holds the sender");
             }
         }
     }
 
     /// Checks records a leader wrote into this ring, without taking them into
-    /// the log, and returns them as entries; they stay pending until openraft
-    /// appends exactly them (or [`LogStore::drop_pending`]).
-    pub fn prepare_adoption(&self, request: AdoptRequest) -> Result<Vec<Entry>, WalError> {
+    /// the log, and returns them as entries; they stay pending for
+    /// connection `conn` until openraft appends exactly them (or
+    /// [`LogStore::drop_pending`]).
+    pub fn prepare_adoption(
+        &self,
+        conn: u64,
+        request: AdoptRequest,
+    ) -> Result<Vec<Entry>, WalError> {
+        let mut adoptions = self.adoptions();
         let wal = self.wal();
         let prepared = wal.ring().prepare_adoption(request)?;
         let entries = wal
@@ -266,21 +380,62 @@ impl LogStore {
             .map(|r| decode_entry(r.term, r.index, r.payload))
             .collect::<io::Result<Vec<_>>>()
             .map_err(|e| WalError::Conflict(e.to_string()))?;
-        *self.inner.pending.lock().expect("pending lock") = Some(prepared);
+        let replaced = adoptions.pending.insert(
+            conn,
+            Pending {
+                prepared,
+                clobbered: false,
+            },
+        );
+        // A connection's requests are served in order, each ending with
+        // `drop_pending`.
+        debug_assert!(replaced.is_none(), "connection {conn} prepared twice");
         Ok(entries)
     }
 
-    /// Forgets a prepared adoption that openraft did not take, and erases the
-    /// scratch records so that neither a later adoption nor recovery finds
-    /// them. Returns whether something was pending.
-    pub fn drop_pending(&self) -> bool {
-        let Some(prepared) = self.inner.pending.lock().expect("pending lock").take() else {
+    /// Forgets the adoption connection `conn` prepared if openraft did not
+    /// take it, and erases its scratch records (those no other connection
+    /// prepared) so that neither a later adoption nor recovery finds them.
+    /// Returns whether something was pending.
+    pub fn drop_pending(&self, conn: u64) -> bool {
+        let mut adoptions = self.adoptions();
+        let Some(pending) = adoptions.pending.remove(&conn) else {
             return false;
         };
-        self.wal()
-            .ring_mut()
-            .clear_scratch(prepared.request().to_lsn);
+        self.erase_scratch(&mut adoptions, pending.prepared.request().to_lsn);
         true
+    }
+
+    /// Erases records connection `conn` wrote that were refused at adoption
+    /// (nothing was prepared), sparing what other connections prepared.
+    pub fn reject_written(&self, conn: u64, to_lsn: u64) {
+        let mut adoptions = self.adoptions();
+        debug_assert!(!adoptions.pending.contains_key(&conn));
+        self.erase_scratch(&mut adoptions, to_lsn);
+    }
+
+    /// Erases scratch up to `to_lsn`, beyond the ranges other connections
+    /// prepared at the tail.
+    fn erase_scratch(&self, adoptions: &mut Adoptions, to_lsn: u64) {
+        let mut wal = self.wal();
+        let tail = wal.ring().tail_lsn();
+        let spared_until = adoptions
+            .pending
+            .values()
+            .filter(|p| p.prepared.request().from_lsn == tail)
+            .map(|p| p.prepared.request().to_lsn)
+            .max()
+            .unwrap_or(tail);
+        for pending in adoptions.pending.values_mut() {
+            let range = pending.prepared.request();
+            if range.from_lsn < to_lsn && range.to_lsn > spared_until {
+                // Only a stale one (prepared before the log moved) can
+                // overlap what is erased: it will not be adopted in place.
+                debug_assert_ne!(range.from_lsn, tail);
+                pending.clobbered = true;
+            }
+        }
+        wal.ring_mut().clear_scratch_between(spared_until, to_lsn);
     }
 
     /// The adopted tail: where a leader writes next and the chain there.
@@ -303,9 +458,9 @@ impl LogStore {
         self.wal().ring().fence()
     }
 
-    /// Erases records refused at adoption (nothing was prepared).
-    pub fn reject_written(&self, to_lsn: u64) {
-        self.wal().ring_mut().clear_scratch(to_lsn);
+    /// The vote this node saved last.
+    pub fn vote(&self) -> Option<VoteRecord> {
+        self.wal().meta().vote
     }
 
     /// The epoch local appends of `max_term` run under: a leader's own (its
@@ -398,25 +553,49 @@ impl LogStore {
         }
     }
 
-    fn take_matching_pending(&self, entries: &[Entry]) -> Option<PreparedAdoption> {
-        let mut pending = self.inner.pending.lock().expect("pending lock");
-        let prepared = pending.take()?;
-        let request = prepared.request();
+    /// The prepared adoption (of any connection) whose records are exactly
+    /// `entries`, taken out of the pending set.
+    fn take_matching_pending(&self, entries: &[Entry]) -> Option<Pending> {
         let first = entries.first().map(|e| e.log_id.index);
         let wanted_last = entries.last().map(|e| pos(&e.log_id));
-        let prepared_first = request.last.map(|l| l.index + 1 - request.entries);
-        if request.entries == entries.len() as u64
-            && request.last == wanted_last
-            && prepared_first == first
-        {
-            Some(prepared)
-        } else {
-            // openraft appends something else (it truncated, or skipped
-            // entries it already had): the records are not adopted.
-            drop(pending);
-            let _ = prepared;
-            None
+        let mut adoptions = self.adoptions();
+        let conn = adoptions.pending.iter().find_map(|(conn, p)| {
+            let request = p.prepared.request();
+            let prepared_first = request.last.map(|l| l.index + 1 - request.entries);
+            (request.entries == entries.len() as u64
+                && request.last == wanted_last
+                && prepared_first == first)
+                .then_some(*conn)
+        })?;
+        adoptions.pending.remove(&conn)
+    }
+
+    /// Takes `entries` into the log: in place where a connection prepared
+    /// exactly them, else written locally. A prepared adoption that can no
+    /// longer be committed as it is (the fence or the log moved since it
+    /// was checked, its bytes were erased) is not an error: openraft
+    /// decided these entries belong in the log, so they are written
+    /// locally instead.
+    async fn append_entries(&self, entries: &[Entry]) -> io::Result<()> {
+        if let Some(pending) = self.take_matching_pending(entries) {
+            let committed = if pending.clobbered {
+                Err("its bytes were erased since".to_string())
+            } else {
+                self.wal()
+                    .ring_mut()
+                    .commit_adoption(pending.prepared)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            };
+            match committed {
+                Ok(()) => return Ok(()),
+                Err(why) => tracing::info!(
+                    why,
+                    "prepared records not adopted as they lie; writing the entries locally"
+                ),
+            }
         }
+        self.append_local(entries).await
     }
 }
 
@@ -481,14 +660,22 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             committed: vote.committed,
         };
         let previous_term = self.wal().meta().vote.map(|v| v.term);
-        if previous_term.is_none_or(|t| record.term > t) {
+        let term_advances = previous_term.is_none_or(|t| record.term > t);
+        if term_advances {
             // Fencing: no remote writer keeps access across a term change.
             self.inner.guard.revoke()?;
         }
         let store = self.clone();
         tokio::task::spawn_blocking(move || store.wal().save_vote(record).map_err(io_err))
             .await
-            .map_err(io_err)?
+            .map_err(io_err)??;
+        if term_advances {
+            // Again once the vote is saved: a grant that checked the old
+            // vote while it was being saved rotated after the first
+            // revocation (grants refuse epochs below the vote's term).
+            self.inner.guard.revoke()?;
+        }
+        Ok(())
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
@@ -525,22 +712,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             return Ok(());
         };
         let result = async {
-            match self.take_matching_pending(&entries) {
-                Some(prepared) => {
-                    self.wal()
-                        .ring_mut()
-                        .commit_adoption(prepared)
-                        .map_err(io_err)?;
-                }
-                None => {
-                    if self.drop_pending() {
-                        tracing::debug!(
-                            "prepared records not taken: openraft appended other entries"
-                        );
-                    }
-                    self.append_local(&entries).await?;
-                }
-            }
+            self.append_entries(&entries).await?;
             self.make_durable(last).await
         }
         .await;
@@ -557,7 +729,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
-        self.drop_pending();
+        // Whatever was prepared at the old tail no longer continues the
+        // log: it will not be committed in place (`append_entries` writes
+        // such entries locally).
+        for pending in self.adoptions().pending.values_mut() {
+            pending.clobbered = true;
+        }
         self.wal()
             .ring_mut()
             .truncate_after(last_log_id.map(|l| l.index))

@@ -179,6 +179,7 @@ pub struct NodeBuilder {
     fabric: Fabric,
     secret: Option<Vec<u8>>,
     state_machine: Option<Box<dyn StateMachine>>,
+    hooks: Option<crate::hooks::Hooks>,
 }
 
 impl NodeBuilder {
@@ -189,7 +190,15 @@ impl NodeBuilder {
             fabric: Fabric::Auto { rdma_device: None },
             secret: None,
             state_machine: None,
+            hooks: None,
         }
+    }
+
+    /// Test hooks: points where a test can hold this node (see
+    /// [`crate::hooks`]).
+    pub fn hooks(mut self, hooks: crate::hooks::Hooks) -> NodeBuilder {
+        self.hooks = Some(hooks);
+        self
     }
 
     /// The fabric.
@@ -218,6 +227,7 @@ impl NodeBuilder {
             fabric,
             secret,
             state_machine,
+            hooks,
         } = self;
         let secret =
             Secret::new(secret.ok_or_else(|| NodeError::Config("no cluster secret".into()))?)
@@ -266,6 +276,7 @@ impl NodeBuilder {
             config.id,
             config.cluster_id,
             config.listen.clone(),
+            hooks.clone(),
         );
         let store = LogStore::new(wal, config.id, config.durability, Arc::new(guard.clone()));
         guard.bind(&store);
@@ -343,6 +354,7 @@ impl NodeBuilder {
                 raft: raft.clone(),
                 store: store.clone(),
                 ring: ring.clone(),
+                hooks,
             }),
         );
         let pressure = tokio::spawn(relieve_ring_pressure(raft.clone(), store.clone()));

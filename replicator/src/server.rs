@@ -32,7 +32,12 @@ pub struct ServerCtx {
     pub store: LogStore,
     /// This node's ring registrations.
     pub ring: Arc<FencedRing>,
+    /// Test hooks, if the node was built with them.
+    pub hooks: Option<crate::hooks::Hooks>,
 }
+
+/// Names accepted connections (a prepared adoption belongs to one).
+static NEXT_CONNECTION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Serves `listener` until it closes.
 pub fn spawn(mut listener: Listener, ctx: Arc<ServerCtx>) -> tokio::task::JoinHandle<()> {
@@ -53,6 +58,7 @@ struct Partial {
 
 async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
     let peer = conn.peer().node_id;
+    let conn_id = NEXT_CONNECTION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut partial = Partial::default();
     loop {
         let bytes = match conn.recv().await {
@@ -61,7 +67,7 @@ async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
             Err(_) => return,
         };
         let reply = match decode::<Request>(&bytes) {
-            Ok(request) => handle(request, peer, &ctx, &mut partial).await,
+            Ok(request) => handle(request, peer, conn_id, &ctx, &mut partial).await,
             Err(e) => {
                 tracing::warn!(peer, error = %e, "malformed request; closing the connection");
                 let _ = conn
@@ -93,19 +99,29 @@ fn fenced_by(store: &LogStore, epoch: u64, peer: u64) -> bool {
     Epoch(epoch).leader_id() == peer && store.fence().0 == epoch
 }
 
-async fn handle(request: Request, peer: u64, ctx: &ServerCtx, partial: &mut Partial) -> Reply {
+async fn handle(
+    request: Request,
+    peer: u64,
+    conn_id: u64,
+    ctx: &ServerCtx,
+    partial: &mut Partial,
+) -> Reply {
     match request {
         Request::Grant { epoch } => {
             if Epoch(epoch).leader_id() != peer {
                 return Reply::Error(format!("epoch {epoch:#x} is not node {peer}'s"));
             }
-            match ctx.ring.grant(&ctx.store, Epoch(epoch)) {
-                Ok(data) => Reply::Granted {
-                    data,
-                    tail: ctx.store.tail(),
-                },
-                Err(fence) => Reply::NotFenced { fence: fence.0 },
-            }
+            // With no leader request in flight: the tail told to the
+            // grantee stays exact until it writes.
+            ctx.store
+                .exclusively(|| match ctx.ring.grant(&ctx.store, Epoch(epoch)) {
+                    Ok(data) => Reply::Granted {
+                        data,
+                        tail: ctx.store.tail(),
+                    },
+                    Err(fence) => Reply::NotFenced { fence: fence.0 },
+                })
+                .await
         }
         Request::Append {
             vote,
@@ -123,6 +139,7 @@ async fn handle(request: Request, peer: u64, ctx: &ServerCtx, partial: &mut Part
             append(
                 ctx,
                 peer,
+                conn_id,
                 vote,
                 prev_log_id,
                 leader_commit,
@@ -212,6 +229,7 @@ async fn propose(ctx: &ServerCtx, commands: Vec<crate::types::Command>) -> Reply
 async fn append(
     ctx: &ServerCtx,
     peer: u64,
+    conn_id: u64,
     vote: Vote,
     prev_log_id: Option<crate::types::LogId>,
     leader_commit: Option<crate::types::LogId>,
@@ -219,6 +237,9 @@ async fn append(
     body: AppendBody,
     partial: &mut Partial,
 ) -> Reply {
+    // From before the fence check until openraft is done with it: no grant
+    // overlaps a request that may extend the log.
+    let _in_flight = ctx.store.begin_leader_request().await;
     let entries: Vec<Entry> = match body {
         AppendBody::Empty => Vec::new(),
         AppendBody::Written {
@@ -239,11 +260,18 @@ async fn append(
                     index: last.index,
                 }),
             };
-            match ctx.store.prepare_adoption(request) {
-                Ok(entries) => entries,
+            match ctx.store.prepare_adoption(conn_id, request) {
+                Ok(entries) => {
+                    crate::hooks::pass(
+                        ctx.hooks.as_ref(),
+                        crate::hooks::HookPoint::AdoptionPrepared,
+                    )
+                    .await;
+                    entries
+                }
                 Err(e) => {
                     tracing::warn!(peer, error = %e, "written records refused");
-                    ctx.store.reject_written(to_lsn);
+                    ctx.store.reject_written(conn_id, to_lsn);
                     return Reply::Rejected {
                         reason: e.to_string(),
                         tail: ctx.store.tail(),
@@ -288,7 +316,7 @@ async fn append(
     };
     let result = ctx.raft.append_entries(request).await;
     // Records openraft did not take stay out of the log, and are erased.
-    ctx.store.drop_pending();
+    ctx.store.drop_pending(conn_id);
     match result {
         Ok(response) => Reply::Appended {
             response,

@@ -777,9 +777,17 @@ impl Ring {
     /// to `to_lsn` (bounded by the window): after a rejected adoption, so that
     /// neither a later adoption nor recovery finds the rejected records.
     pub fn clear_scratch(&mut self, to_lsn: u64) {
+        self.clear_scratch_between(self.tail_lsn, to_lsn);
+    }
+
+    /// Erases the scratch bytes in `from_lsn..to_lsn`, clipped to what lies
+    /// beyond the adopted tail and inside the window: the part of a rejected
+    /// batch that no other prepared adoption covers.
+    pub fn clear_scratch_between(&mut self, from_lsn: u64, to_lsn: u64) {
+        let from_lsn = from_lsn.max(self.tail_lsn);
         let to_lsn = to_lsn.min(self.head_lsn + self.geometry.capacity);
-        if to_lsn > self.tail_lsn {
-            self.zero_range(self.tail_lsn, to_lsn);
+        if to_lsn > from_lsn {
+            self.zero_range(from_lsn, to_lsn);
         }
     }
 
