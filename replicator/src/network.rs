@@ -67,6 +67,26 @@ pub struct NetCtx {
     pub(crate) spare: std::sync::Mutex<std::collections::HashMap<u64, Spare>>,
 }
 
+impl NetCtx {
+    /// What the clients of node `node_id` of cluster `cluster_id` need.
+    pub fn new(
+        device: Device,
+        node_id: u64,
+        cluster_id: u64,
+        conn_config: ConnConfig,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> NetCtx {
+        NetCtx {
+            device,
+            node_id,
+            cluster_id,
+            conn_config,
+            metrics,
+            spare: Default::default(),
+        }
+    }
+}
+
 /// A connection a client left behind.
 pub(crate) enum Spare {
     /// Still being made (its client gave up waiting).
@@ -199,6 +219,95 @@ fn streaming_error(f: Failure) -> StreamingError<TypeConfig> {
     }
 }
 
+/// Largest logical offset a follower may report. An lsn counts the bytes
+/// written into a ring since it was made: 2^62 bytes take over a century at
+/// 1 GB/s, and the bound leaves room above it for any batch and capacity, so
+/// that arithmetic on offsets a peer sent cannot overflow.
+pub const MAX_PEER_LSN: u64 = 1 << 62;
+
+// What a follower sends (its handshake, its grants, its answers, what its NIC
+// returns to READs) is input from the network: checked before any use, a
+// bad value is an error of that exchange, never a panic of the leader.
+
+/// Checks what a peer revealed in its handshake.
+fn check_hello(hello: &Hello) -> Result<(), String> {
+    ringraft_wal::layout::check_capacity(hello.capacity).map_err(|e| format!("its ring's {e}"))?;
+    for (name, word) in [("fence", &hello.fence), ("head", &hello.head)] {
+        check_region(name, word)?;
+        if word.len < 8 || !word.addr.is_multiple_of(8) {
+            return Err(format!(
+                "its {name} word ({} bytes at {:#x}) is not an aligned 8-byte word",
+                word.len, word.addr
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_region(name: &str, region: &RemoteRegion) -> Result<(), String> {
+    if region.addr.checked_add(region.len).is_none() {
+        return Err(format!(
+            "its {name} region ({} bytes at {:#x}) wraps the address space",
+            region.len, region.addr
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the data area a follower granted.
+fn check_data_area(data: &RemoteRegion, capacity: u64) -> Result<(), String> {
+    check_region("data", data)?;
+    if data.len != capacity {
+        return Err(format!(
+            "its data area of {} bytes is not its ring's capacity {capacity}",
+            data.len
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a tail a follower reported (in a grant or an answer).
+fn check_tail(tail: &Tail, capacity: u64) -> Result<(), String> {
+    let line = ringraft_wal::layout::LINE_BYTES as u64;
+    if !tail.next_lsn.is_multiple_of(line) {
+        return Err(format!(
+            "its tail {} is not aligned to {line}-byte lines",
+            tail.next_lsn
+        ));
+    }
+    if tail.next_lsn > MAX_PEER_LSN {
+        return Err(format!(
+            "its tail {} is beyond {MAX_PEER_LSN}",
+            tail.next_lsn
+        ));
+    }
+    if tail.head_lsn > tail.next_lsn {
+        return Err(format!(
+            "its head {} is beyond its tail {}",
+            tail.head_lsn, tail.next_lsn
+        ));
+    }
+    if tail.next_lsn - tail.head_lsn > capacity {
+        return Err(format!(
+            "its log from head {} to tail {} is longer than its capacity {capacity}",
+            tail.head_lsn, tail.next_lsn
+        ));
+    }
+    Ok(())
+}
+
+/// The word an 8-byte READ returned. The transport checks the length of
+/// READ results; checked again here, where the bytes become a word.
+fn word_of(bytes: &[u8], what: &str, target: u64) -> Result<u64, Failure> {
+    let word: [u8; 8] = bytes.try_into().map_err(|_| {
+        Failure::Network(format!(
+            "a READ of node {target}'s {what} word returned {} bytes, not 8",
+            bytes.len()
+        ))
+    })?;
+    Ok(u64::from_le_bytes(word))
+}
+
 /// A request in flight: its reply comes in order on the connection.
 struct InFlight {
     prev: Option<crate::types::LogId>,
@@ -321,6 +430,13 @@ impl PeerNet {
                     self.addr, hello.node_id, hello.cluster_id, self.target, self.ctx.cluster_id
                 )));
             }
+            if let Err(e) = check_hello(&hello) {
+                conn.close();
+                return Err(Failure::Network(format!(
+                    "node {} at {} revealed a bad handshake: {e}",
+                    self.target, self.addr
+                )));
+            }
             self.link = Some(Link { conn, hello });
         }
         Ok(self.link.as_ref().expect("just set"))
@@ -409,7 +525,7 @@ impl PeerNet {
         let transport = |e: ringraft_transport::TransportError| Failure::Network(e.to_string());
         loop {
             let bytes = conn.read(fence.start(), 8).await.map_err(transport)?;
-            let current = Epoch(u64::from_le_bytes(bytes.try_into().expect("8 bytes")));
+            let current = Epoch(word_of(&bytes, "fence", self.target)?);
             if current == epoch {
                 break;
             }
@@ -431,6 +547,11 @@ impl PeerNet {
         }
         match self.call(&Request::Grant { epoch: epoch.0 }, ttl).await? {
             Reply::Granted { data, tail } => {
+                check_data_area(&data, capacity)
+                    .and_then(|()| check_tail(&tail, capacity))
+                    .map_err(|e| {
+                        Failure::Network(format!("node {} granted nonsense: {e}", self.target))
+                    })?;
                 let view = View {
                     epoch,
                     data,
@@ -461,6 +582,8 @@ impl PeerNet {
     async fn wait_for_room(&mut self, view: &mut View, end_lsn: u64) -> Result<(), Failure> {
         let deadline = tokio::time::Instant::now() + RING_FULL_WAIT;
         let mut backoff = Duration::from_millis(1);
+        // The head and the tail were checked (the tail is at most
+        // MAX_PEER_LSN): `head + capacity` does not overflow.
         loop {
             if end_lsn <= view.tail.head_lsn + view.capacity {
                 return Ok(());
@@ -471,7 +594,16 @@ impl PeerNet {
                 .read(link.hello.head.start(), 8)
                 .await
                 .map_err(|e| Failure::Network(e.to_string()))?;
-            view.tail.head_lsn = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
+            let head_lsn = word_of(&bytes, "head", self.target)?;
+            // A follower's head never passes its adopted tail, which is at
+            // most where this leader writes next.
+            if head_lsn > view.tail.next_lsn {
+                return Err(Failure::Network(format!(
+                    "node {}'s head {head_lsn} is beyond its tail {}",
+                    self.target, view.tail.next_lsn
+                )));
+            }
+            view.tail.head_lsn = head_lsn;
             if end_lsn <= view.tail.head_lsn + view.capacity {
                 return Ok(());
             }
@@ -705,10 +837,17 @@ impl PeerNet {
                     // Conflict or higher vote: the pipeline restarts from the
                     // follower's real tail.
                     self.view = None;
-                } else if let Some(view) = self.view.as_mut()
-                    && view.tail.next_lsn < tail.next_lsn
-                {
-                    view.tail = tail;
+                } else if let Some(view) = self.view.as_mut() {
+                    if let Err(e) = check_tail(&tail, view.capacity) {
+                        self.view = None;
+                        return Err(Failure::Network(format!(
+                            "node {} answered nonsense: {e}",
+                            self.target
+                        )));
+                    }
+                    if view.tail.next_lsn < tail.next_lsn {
+                        view.tail = tail;
+                    }
                 }
                 Ok(response)
             }

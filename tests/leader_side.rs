@@ -1,0 +1,217 @@
+//! The leader side of replication against followers that the tests play
+//! by hand (`scripted`), and the acceptor's side of a leadership transfer:
+//! the holes in the fence of issue 10, item 5, that live there.
+
+mod scripted;
+
+use std::time::Duration;
+
+use openraft::network::{RPCOption, RaftNetworkV2};
+use openraft::raft::AppendEntriesResponse;
+use ringraft::protocol::{Hello, Reply, Request};
+use ringraft::types::log_id;
+use ringraft_transport::RemoteRegion;
+use ringraft_wal::Epoch;
+use scripted::{
+    CAPACITY, PATIENCE, ScriptedFollower, answer, append, entries, leader_client, next_request,
+    tail,
+};
+
+const LEADER: u64 = 1;
+const FOLLOWER: u64 = 2;
+/// The leader's term; the follower's log holds entries of term 1, written
+/// under node 3's epoch.
+const TERM: u64 = 2;
+
+fn ttl() -> RPCOption {
+    RPCOption::new(Duration::from_secs(10))
+}
+
+/// What the leader's `append_entries` did against a follower that sent bad
+/// values: the error it returned (`Ok`), or what went wrong (`Err`).
+async fn leader_meets(
+    spoil_hello: impl FnOnce(&mut Hello),
+    spoil_fabric: impl FnOnce(&ringraft_transport::inproc::Fabric, &ScriptedFollower),
+    grant: impl FnOnce(&ScriptedFollower) -> Reply,
+    request: openraft::raft::AppendEntriesRequest<ringraft::TypeConfig>,
+) -> Result<String, String> {
+    let fabric = ringraft_transport::inproc::Fabric::new(1);
+    let mut follower = ScriptedFollower::start(&fabric, FOLLOWER, spoil_hello).await;
+    spoil_fabric(&fabric, &follower);
+    let granted = grant(&follower);
+    let leader = {
+        let fabric = fabric.clone();
+        tokio::spawn(async move {
+            let mut net = leader_client(&fabric, LEADER, FOLLOWER).await;
+            net.append_entries(request, ttl()).await
+        })
+    };
+    // Grants with the bad values, accepts whatever comes after.
+    let script = tokio::spawn(async move {
+        let conn = follower.accept().await;
+        let mut granted = Some(granted);
+        while let Ok(request) = next_request(&conn).await {
+            let reply = match request {
+                Request::Grant { .. } => granted.take().expect("one grant"),
+                Request::Append { prev_log_id, .. } => Reply::Appended {
+                    response: AppendEntriesResponse::Success,
+                    tail: tail(
+                        64 << 10,
+                        prev_log_id.unwrap(),
+                        Epoch::new(TERM, LEADER).unwrap(),
+                    ),
+                },
+                other => panic!("unexpected {other:?}"),
+            };
+            answer(&conn, &reply).await;
+        }
+        follower
+    });
+    let outcome = tokio::time::timeout(PATIENCE, leader)
+        .await
+        .expect("the leader answers");
+    script.abort();
+    match outcome {
+        Ok(Err(e)) => Ok(e.to_string()),
+        Ok(Ok(resp)) => Err(format!("the leader took it: {resp:?}")),
+        Err(e) if e.is_panic() => {
+            let panic = e.into_panic();
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(format!("the leader panicked: {msg}"))
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A grant of the follower's real data area with `tail`.
+fn grant_with(tail: ringraft::protocol::Tail) -> impl FnOnce(&ScriptedFollower) -> Reply {
+    move |f| Reply::Granted {
+        data: f.data.remote(),
+        tail,
+    }
+}
+
+/// Issue 10, item 5, "Input from the peer's NIC is trusted": bad values in
+/// a follower's handshake and grant, and a short READ answer from its NIC,
+/// panicked the leader (`RecordEncoder::new`'s asserts, `expect("8
+/// bytes")`, overflowing arithmetic on the peer's offsets) or were used as
+/// they came. Each must be an error of that exchange, with a message that
+/// says what was wrong.
+#[tokio::test(start_paused = true)]
+async fn bad_values_from_a_follower_are_errors_not_panics() {
+    let old = Epoch::new(1, 3).unwrap();
+    let good = tail(640, log_id(1, 5), old);
+    let next = || append(TERM, LEADER, Some(log_id(1, 5)), entries(TERM, 6, 7));
+    let mut failures = Vec::new();
+    let mut check = |case: &str, outcome: Result<String, String>, expect: &str| match outcome {
+        Ok(error) if error.contains(expect) => {}
+        Ok(error) => failures.push(format!("{case}: error without {expect:?}: {error}")),
+        Err(what) => failures.push(format!("{case}: {what}")),
+    };
+
+    let unaligned = ringraft::protocol::Tail {
+        next_lsn: 100,
+        ..good
+    };
+    check(
+        "a tail not on a line",
+        leader_meets(|_| {}, |_, _| {}, grant_with(unaligned), next()).await,
+        "not aligned",
+    );
+
+    check(
+        "a capacity that is not a power of two",
+        leader_meets(
+            |h| h.capacity = 3 << 20,
+            |_, _| {},
+            |f| Reply::Granted {
+                data: RemoteRegion {
+                    len: 3 << 20,
+                    ..f.data.remote()
+                },
+                tail: good,
+            },
+            next(),
+        )
+        .await,
+        "capacity",
+    );
+
+    let head_beyond = ringraft::protocol::Tail {
+        head_lsn: u64::MAX - 63,
+        ..good
+    };
+    check(
+        "a head beyond the tail",
+        leader_meets(|_| {}, |_, _| {}, grant_with(head_beyond), next()).await,
+        "beyond",
+    );
+
+    let end_of_lsn_space = ringraft::protocol::Tail {
+        next_lsn: u64::MAX - 63,
+        head_lsn: u64::MAX - 63 - 640,
+        ..good
+    };
+    check(
+        "a tail at the end of the lsn space",
+        leader_meets(|_| {}, |_, _| {}, grant_with(end_of_lsn_space), next()).await,
+        "beyond",
+    );
+
+    check(
+        "a data area shorter than the ring",
+        leader_meets(
+            |_| {},
+            |_, _| {},
+            |f| Reply::Granted {
+                data: RemoteRegion {
+                    len: 4096,
+                    ..f.data.remote()
+                },
+                tail: good,
+            },
+            next(),
+        )
+        .await,
+        "data area",
+    );
+
+    check(
+        "a fence word shorter than a word",
+        leader_meets(|h| h.fence.len = 4, |_, _| {}, grant_with(good), next()).await,
+        "8-byte word",
+    );
+
+    check(
+        "a short READ of the fence word",
+        leader_meets(
+            |_| {},
+            |fabric, f| fabric.shorten_reads(&scripted::addr(f.id), 4),
+            grant_with(good),
+            next(),
+        )
+        .await,
+        "completed with 4 bytes",
+    );
+
+    // A full ring (the batch does not fit before the head advances): the
+    // leader READs the head, which says it is far beyond the tail.
+    let full = tail(CAPACITY - 64, log_id(1, 5), old);
+    check(
+        "a head word beyond the tail",
+        leader_meets(
+            |_| {},
+            |_, f| f.head.write(0, &u64::MAX.to_le_bytes()).unwrap(),
+            grant_with(full),
+            next(),
+        )
+        .await,
+        "beyond its tail",
+    );
+
+    assert!(failures.is_empty(), "{failures:#?}");
+}
