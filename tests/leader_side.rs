@@ -6,12 +6,14 @@ mod scripted;
 
 use std::time::Duration;
 
+use futures::StreamExt;
 use openraft::network::{RPCOption, RaftNetworkV2};
 use openraft::raft::AppendEntriesResponse;
-use ringraft::protocol::{Hello, Reply, Request};
+use ringraft::protocol::{AppendBody, Hello, Reply, Request};
 use ringraft::types::log_id;
 use ringraft_transport::RemoteRegion;
 use ringraft_wal::Epoch;
+use ringraft_wal::record::RecordHeader;
 use scripted::{
     CAPACITY, PATIENCE, ScriptedFollower, answer, append, entries, leader_client, next_request,
     tail,
@@ -25,6 +27,147 @@ const TERM: u64 = 2;
 
 fn ttl() -> RPCOption {
     RPCOption::new(Duration::from_secs(10))
+}
+
+/// Issue 10, item 5, "Pipelining after a two-sided batch": a batch that
+/// went two-sided (its `prev_log_id` is not the follower's tail) left the
+/// next pipelined batch to ask for a grant with the first one's reply still
+/// outstanding, which dropped the connection and paired later replies with
+/// the wrong batches. The pipeline must keep working: the batch after the
+/// two-sided one waits for its answer (which carries the follower's new
+/// tail), goes one-sided at that tail on the same connection without a new
+/// grant, and the batch after it is pipelined again.
+#[tokio::test(start_paused = true)]
+async fn the_pipeline_keeps_working_after_a_batch_falls_back_to_send() {
+    let fabric = ringraft_transport::inproc::Fabric::new(1);
+    let mut follower = ScriptedFollower::start(&fabric, FOLLOWER, |_| {}).await;
+    let epoch = Epoch::new(TERM, LEADER).unwrap();
+    // The follower holds 1..=5 of term 1; the leader's log diverges after 3.
+    let granted = tail(640, log_id(1, 5), Epoch::new(1, 3).unwrap());
+    let requests = vec![
+        append(TERM, LEADER, Some(log_id(1, 3)), entries(TERM, 4, 5)),
+        append(TERM, LEADER, Some(log_id(TERM, 5)), entries(TERM, 6, 7)),
+        append(TERM, LEADER, Some(log_id(TERM, 7)), entries(TERM, 8, 8)),
+    ];
+    // Tells the script which request the leader has taken from its input.
+    let (pulled_tx, mut pulled) = tokio::sync::mpsc::unbounded_channel();
+    let mut taken = 0u32;
+    let input = futures::stream::iter(requests).inspect(move |_| {
+        taken += 1;
+        let _ = pulled_tx.send(taken);
+    });
+    let leader = {
+        let fabric = fabric.clone();
+        tokio::spawn(async move {
+            let mut net = leader_client(&fabric, LEADER, FOLLOWER).await;
+            let stream = net
+                .stream_append(input, ttl())
+                .await
+                .map_err(|e| e.to_string())?;
+            let results: Vec<String> = stream.map(|r| format!("{r:?}")).collect().await;
+            Ok::<_, String>(results)
+        })
+    };
+
+    let conn = follower.accept().await;
+    match next_request(&conn).await.unwrap() {
+        Request::Grant { epoch: e } => assert_eq!(e, epoch.0),
+        other => panic!("expected a grant: {other:?}"),
+    }
+    let fence = follower.fence.word(0).unwrap();
+    assert_eq!(fence.load(std::sync::atomic::Ordering::Acquire), epoch.0);
+    answer(
+        &conn,
+        &Reply::Granted {
+            data: follower.data.remote(),
+            tail: granted,
+        },
+    )
+    .await;
+    match next_request(&conn).await.unwrap() {
+        Request::Append {
+            prev_log_id,
+            body: AppendBody::Inline {
+                part: 0, parts: 1, ..
+            },
+            ..
+        } => assert_eq!(prev_log_id, Some(log_id(1, 3))),
+        other => panic!("expected the first batch two-sided: {other:?}"),
+    }
+    // The answer is held until the leader has taken the next batch from its
+    // input: the old code then asked for a grant with this answer owed.
+    while pulled.recv().await.expect("the input is taken") < 2 {}
+    let after_inline = tail(1024, log_id(TERM, 5), epoch);
+    answer(
+        &conn,
+        &Reply::Appended {
+            response: AppendEntriesResponse::Success,
+            tail: after_inline,
+        },
+    )
+    .await;
+    let second_end = match next_request(&conn).await {
+        Ok(Request::Append {
+            body:
+                AppendBody::Written {
+                    from_lsn,
+                    to_lsn,
+                    count,
+                    last,
+                },
+            ..
+        }) => {
+            assert_eq!(
+                (from_lsn, count, last),
+                (1024, 2, log_id(TERM, 7)),
+                "batch 2 goes one-sided at the tail the answer gave"
+            );
+            to_lsn
+        }
+        other => panic!("batch 2 did not come one-sided on the same connection: {other:?}"),
+    };
+    // It landed where the answer said the tail is, under the leader's epoch.
+    let header: [u8; 64] = follower.data.read(1024, 64).unwrap().try_into().unwrap();
+    let header = RecordHeader::decode(&header).unwrap();
+    assert_eq!((header.lsn, header.index, header.epoch), (1024, 6, epoch));
+    // Batch 3 is pipelined: it comes before the answer to batch 2.
+    let third_end = match next_request(&conn).await {
+        Ok(Request::Append {
+            body:
+                AppendBody::Written {
+                    from_lsn,
+                    to_lsn,
+                    count: 1,
+                    last,
+                },
+            ..
+        }) if from_lsn == second_end && last == log_id(TERM, 8) => to_lsn,
+        other => panic!("batch 3 was not pipelined behind batch 2: {other:?}"),
+    };
+    for (end, last) in [(second_end, 7), (third_end, 8)] {
+        answer(
+            &conn,
+            &Reply::Appended {
+                response: AppendEntriesResponse::Success,
+                tail: tail(end, log_id(TERM, last), epoch),
+            },
+        )
+        .await;
+    }
+    let results = tokio::time::timeout(PATIENCE, leader)
+        .await
+        .expect("the stream ends")
+        .unwrap()
+        .unwrap();
+    let expected: Vec<String> = [5, 7, 8]
+        .iter()
+        .map(|i| format!("{:?}", Ok::<_, ()>(Ok::<_, ()>(Some(log_id(TERM, *i))))))
+        .collect();
+    assert_eq!(results, expected);
+    assert!(
+        follower.try_accept(Duration::from_secs(1)).await.is_none(),
+        "the leader made a second connection"
+    );
 }
 
 /// What the leader's `append_entries` did against a follower that sent bad

@@ -155,6 +155,9 @@ struct View {
     data: RemoteRegion,
     tail: Tail,
     capacity: u64,
+    /// A two-sided batch is in flight: the follower writes it itself, so
+    /// its tail is known again only from the answer (which sets `tail`).
+    awaiting_tail: bool,
 }
 
 /// The client of one target. See the module docs.
@@ -557,6 +560,7 @@ impl PeerNet {
                     data,
                     tail,
                     capacity,
+                    awaiting_tail: false,
                 };
                 self.view = Some(view);
                 Ok(view)
@@ -647,18 +651,22 @@ impl PeerNet {
         }
         let mut view = self.ensure_fenced(&req.vote, ttl).await?;
         let mut writes = Vec::new();
-        if view.tail.last_log_id() == req.prev_log_id {
+        if !view.awaiting_tail && view.tail.last_log_id() == req.prev_log_id {
             writes = self.post_written(&mut view, req).await?;
         } else {
             tracing::debug!(
                 target = self.target,
                 prev = ?req.prev_log_id,
                 follower_last = ?view.tail.last_log_id(),
+                awaiting_tail = view.awaiting_tail,
                 "entries travel two-sided"
             );
             self.post_inline(req, view.epoch.0, ttl).await?;
-            // The follower's tail is known again from the answer.
-            self.view = None;
+            // The follower's tail is known again from the answer (the grant
+            // and its rkey stay good).
+            if let Some(view) = self.view.as_mut() {
+                view.awaiting_tail = true;
+            }
         }
         Ok(InFlight {
             prev,
@@ -666,6 +674,28 @@ impl PeerNet {
             writes,
             deadline: tokio::time::Instant::now() + ttl,
         })
+    }
+
+    /// Whether `req` can be posted while replies are in flight: a heartbeat,
+    /// or a batch that continues the follower's known tail one-sided under
+    /// the fence already held. Any other batch needs an exchange of its own
+    /// first (a grant, or two-sided parts answered one by one) or the tail
+    /// that an answer in flight brings, so it waits until the replies in
+    /// flight are taken: replies come in order, and one taken by the wrong
+    /// waiter would be mistaken for another's.
+    fn posts_without_exchange(&self, req: &AppendEntriesRequest<TypeConfig>) -> bool {
+        if req.entries.is_empty() {
+            return true;
+        }
+        let Some(epoch) = Epoch::new(req.vote.leader_id.term, self.ctx.node_id) else {
+            return false;
+        };
+        self.link.is_some()
+            && self.view.is_some_and(|view| {
+                view.epoch == epoch
+                    && !view.awaiting_tail
+                    && view.tail.last_log_id() == req.prev_log_id
+            })
     }
 
     async fn post_written(
@@ -845,8 +875,9 @@ impl PeerNet {
                             self.target
                         )));
                     }
-                    if view.tail.next_lsn < tail.next_lsn {
+                    if view.awaiting_tail || view.tail.next_lsn < tail.next_lsn {
                         view.tail = tail;
+                        view.awaiting_tail = false;
                     }
                 }
                 Ok(response)
@@ -928,6 +959,7 @@ impl RaftNetworkV2<TypeConfig> for PeerNet {
                 net: self,
                 input,
                 inflight: VecDeque::new(),
+                held: None,
                 input_done: false,
                 stopped: false,
                 ttl: option.hard_ttl(),
@@ -1040,6 +1072,9 @@ struct Pipeline<'s, S> {
     net: &'s mut PeerNet,
     input: S,
     inflight: VecDeque<InFlight>,
+    /// A request that cannot be posted while replies are in flight (see
+    /// [`PeerNet::posts_without_exchange`]): posted once they are taken.
+    held: Option<AppendEntriesRequest<TypeConfig>>,
     input_done: bool,
     stopped: bool,
     ttl: Duration,
@@ -1073,7 +1108,10 @@ where
 
     /// The next result. While answers are pending, new requests are posted
     /// as soon as they come (up to [`PIPELINE_DEPTH`] in flight): batch k+1
-    /// is written before the answer to batch k.
+    /// is written before the answer to batch k. A batch that needs an
+    /// exchange of its own (a grant, a two-sided batch, or the tail a
+    /// two-sided batch's answer brings) waits until the answers in flight
+    /// are taken, and no later request is taken before it is posted.
     async fn next(
         &mut self,
     ) -> Option<Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>> {
@@ -1085,7 +1123,16 @@ where
             if self.stopped {
                 return None;
             }
-            let can_post = !self.input_done && self.inflight.len() < PIPELINE_DEPTH;
+            if self.inflight.is_empty()
+                && let Some(req) = self.held.take()
+            {
+                if let Some(out) = self.post(req).await {
+                    return Some(out);
+                }
+                continue;
+            }
+            let can_post =
+                self.held.is_none() && !self.input_done && self.inflight.len() < PIPELINE_DEPTH;
             let event = match self.inflight.front().map(|f| f.deadline) {
                 None if can_post => Event::Input(self.input.next().await),
                 None => return None,
@@ -1101,7 +1148,9 @@ where
             match event {
                 Event::Input(None) => self.input_done = true,
                 Event::Input(Some(req)) => {
-                    if let Some(out) = self.post(req).await {
+                    if !self.inflight.is_empty() && !self.net.posts_without_exchange(&req) {
+                        self.held = Some(req);
+                    } else if let Some(out) = self.post(req).await {
                         return Some(out);
                     }
                 }
