@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use openraft::network::{RPCOption, RaftNetworkV2};
-use openraft::raft::AppendEntriesResponse;
-use ringraft::protocol::{AppendBody, Hello, Reply, Request};
+use openraft::raft::{AppendEntriesResponse, TransferLeaderRequest};
+use ringraft::protocol::{AppendBody, Hello, Join, Reply, Request, decode, encode};
 use ringraft::types::log_id;
-use ringraft_transport::RemoteRegion;
+use ringraft_transport::{Received, RemoteRegion};
 use ringraft_wal::Epoch;
 use ringraft_wal::record::RecordHeader;
 use scripted::{
@@ -357,4 +357,99 @@ async fn bad_values_from_a_follower_are_errors_not_panics() {
     );
 
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Issue 10, item 5, "Leadership transfer to a node whose log is damaged":
+/// openraft's election by transfer ignores `enable_elect`, so a node whose
+/// log is corrupt inside (it must not vote, nor stand, until re-replicated
+/// past the break) started an election when told to take the leadership.
+/// It must refuse the transfer and keep its vote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_log_is_corrupt_inside_refuses_a_leadership_transfer() {
+    use ringraft::Durability;
+    use ringraft_tests::{Cluster, Kind, SECRET};
+    const T: Duration = Duration::from_secs(30);
+
+    let mut c = Cluster::start(Kind::Inproc, 3, Durability::Memory, 7).await;
+    let mut last = 0;
+    for k in 0..20 {
+        last = c
+            .propose(format!("entry {k}").into_bytes(), T)
+            .await
+            .unwrap()
+            .0;
+    }
+    c.wait_applied(last, T).await;
+    let leader = c.leader().await;
+    let b = (1..=3).find(|id| *id != leader).unwrap();
+    for id in 1..=3 {
+        c.stop(id).await;
+    }
+    // b's log breaks inside (well-formed records after the break); b comes
+    // back alone, its vote the leader's.
+    let cfg = c.members[&b].config.clone();
+    let ring_config = ringraft_wal::RingConfig {
+        capacity: cfg.ring_capacity,
+        max_record_bytes: cfg.max_record_bytes,
+        cluster_id: cfg.cluster_id,
+        node_id: b,
+        lock_memory: false,
+    };
+    let lsn = {
+        let wal = ringraft_wal::Wal::open(&cfg.data_dir, &ring_config).unwrap();
+        wal.ring().read(last - 10).unwrap().lsn
+    };
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(cfg.data_dir.join("ring"))
+            .unwrap();
+        let at = 4096 + lsn % cfg.ring_capacity + 70;
+        let mut byte = [0u8];
+        f.read_exact_at(&mut byte, at).unwrap();
+        f.write_all_at(&[byte[0] ^ 0x10], at).unwrap();
+    }
+    c.boot(b).await.unwrap();
+    assert!(c.node(b).log_store().votes_blocked());
+    let vote_of_b = || async {
+        c.node(b)
+            .raft()
+            .with_raft_state(|state| *state.vote_ref())
+            .await
+            .unwrap()
+    };
+    let vote_before = vote_of_b().await;
+    assert_eq!(vote_before.leader_id.voted_for, leader, "{vote_before:?}");
+
+    // The leader of that vote asks b to take over (as openraft's
+    // `trigger().transfer_leader(b)` does), from a connection of its own.
+    let device = c.fabric.device(
+        "transfer-initiator",
+        ringraft_transport::DeviceConfig {
+            node_id: leader,
+            secret: ringraft_transport::Secret::new(SECRET.to_vec()).unwrap(),
+            limits: Default::default(),
+        },
+    );
+    let conn = device
+        .connect(&cfg.listen, cfg.conn.clone(), Join::bytes(cfg.cluster_id))
+        .await
+        .unwrap();
+    let request = TransferLeaderRequest::new(vote_before, b, None);
+    conn.send(&encode(&Request::TransferLeader(request)).unwrap())
+        .await
+        .unwrap();
+    let reply = match tokio::time::timeout(T, conn.recv()).await {
+        Ok(Ok(Received::Message(bytes))) => decode::<Reply>(&bytes).unwrap(),
+        other => panic!("no answer to the transfer: {other:?}"),
+    };
+    match &reply {
+        Reply::Error(reason) => assert!(reason.contains("corrupt inside"), "{reason}"),
+        other => panic!("a node whose log is corrupt inside took the leadership: {other:?}"),
+    }
+    // Refused before openraft saw it: no election, the vote is unchanged.
+    assert_eq!(vote_of_b().await, vote_before);
+    assert_ne!(c.node(b).status().state, "Leader");
 }
