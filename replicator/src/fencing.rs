@@ -291,7 +291,13 @@ impl GuardInner {
             let result: ringraft_transport::Result<bool> = async {
                 loop {
                     let bytes = conn.read(hello.fence.start(), 8).await?;
-                    let current = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
+                    // The transport checks READ lengths; still no panic here.
+                    let current = u64::from_le_bytes(bytes.try_into().map_err(|b: Vec<u8>| {
+                        ringraft_transport::TransportError::Invalid(format!(
+                            "a READ of this node's fence word returned {} bytes, not 8",
+                            b.len()
+                        ))
+                    })?);
                     if current >= epoch.0 {
                         return Ok(false);
                     }

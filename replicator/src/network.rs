@@ -67,6 +67,26 @@ pub struct NetCtx {
     pub(crate) spare: std::sync::Mutex<std::collections::HashMap<u64, Spare>>,
 }
 
+impl NetCtx {
+    /// What the clients of node `node_id` of cluster `cluster_id` need.
+    pub fn new(
+        device: Device,
+        node_id: u64,
+        cluster_id: u64,
+        conn_config: ConnConfig,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> NetCtx {
+        NetCtx {
+            device,
+            node_id,
+            cluster_id,
+            conn_config,
+            metrics,
+            spare: Default::default(),
+        }
+    }
+}
+
 /// A connection a client left behind.
 pub(crate) enum Spare {
     /// Still being made (its client gave up waiting).
@@ -135,6 +155,9 @@ struct View {
     data: RemoteRegion,
     tail: Tail,
     capacity: u64,
+    /// A two-sided batch is in flight: the follower writes it itself, so
+    /// its tail is known again only from the answer (which sets `tail`).
+    awaiting_tail: bool,
 }
 
 /// The client of one target. See the module docs.
@@ -197,6 +220,95 @@ fn streaming_error(f: Failure) -> StreamingError<TypeConfig> {
         Failure::Unreachable(s) => StreamingError::Unreachable(Unreachable::new(&Message(s))),
         other => StreamingError::Unreachable(Unreachable::new(&Message(other.to_string()))),
     }
+}
+
+/// Largest logical offset a follower may report. An lsn counts the bytes
+/// written into a ring since it was made: 2^62 bytes take over a century at
+/// 1 GB/s, and the bound leaves room above it for any batch and capacity, so
+/// that arithmetic on offsets a peer sent cannot overflow.
+pub const MAX_PEER_LSN: u64 = 1 << 62;
+
+// What a follower sends (its handshake, its grants, its answers, what its NIC
+// returns to READs) is input from the network: checked before any use, a
+// bad value is an error of that exchange, never a panic of the leader.
+
+/// Checks what a peer revealed in its handshake.
+fn check_hello(hello: &Hello) -> Result<(), String> {
+    ringraft_wal::layout::check_capacity(hello.capacity).map_err(|e| format!("its ring's {e}"))?;
+    for (name, word) in [("fence", &hello.fence), ("head", &hello.head)] {
+        check_region(name, word)?;
+        if word.len < 8 || !word.addr.is_multiple_of(8) {
+            return Err(format!(
+                "its {name} word ({} bytes at {:#x}) is not an aligned 8-byte word",
+                word.len, word.addr
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_region(name: &str, region: &RemoteRegion) -> Result<(), String> {
+    if region.addr.checked_add(region.len).is_none() {
+        return Err(format!(
+            "its {name} region ({} bytes at {:#x}) wraps the address space",
+            region.len, region.addr
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the data area a follower granted.
+fn check_data_area(data: &RemoteRegion, capacity: u64) -> Result<(), String> {
+    check_region("data", data)?;
+    if data.len != capacity {
+        return Err(format!(
+            "its data area of {} bytes is not its ring's capacity {capacity}",
+            data.len
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a tail a follower reported (in a grant or an answer).
+fn check_tail(tail: &Tail, capacity: u64) -> Result<(), String> {
+    let line = ringraft_wal::layout::LINE_BYTES as u64;
+    if !tail.next_lsn.is_multiple_of(line) {
+        return Err(format!(
+            "its tail {} is not aligned to {line}-byte lines",
+            tail.next_lsn
+        ));
+    }
+    if tail.next_lsn > MAX_PEER_LSN {
+        return Err(format!(
+            "its tail {} is beyond {MAX_PEER_LSN}",
+            tail.next_lsn
+        ));
+    }
+    if tail.head_lsn > tail.next_lsn {
+        return Err(format!(
+            "its head {} is beyond its tail {}",
+            tail.head_lsn, tail.next_lsn
+        ));
+    }
+    if tail.next_lsn - tail.head_lsn > capacity {
+        return Err(format!(
+            "its log from head {} to tail {} is longer than its capacity {capacity}",
+            tail.head_lsn, tail.next_lsn
+        ));
+    }
+    Ok(())
+}
+
+/// The word an 8-byte READ returned. The transport checks the length of
+/// READ results; checked again here, where the bytes become a word.
+fn word_of(bytes: &[u8], what: &str, target: u64) -> Result<u64, Failure> {
+    let word: [u8; 8] = bytes.try_into().map_err(|_| {
+        Failure::Network(format!(
+            "a READ of node {target}'s {what} word returned {} bytes, not 8",
+            bytes.len()
+        ))
+    })?;
+    Ok(u64::from_le_bytes(word))
 }
 
 /// A request in flight: its reply comes in order on the connection.
@@ -321,6 +433,13 @@ impl PeerNet {
                     self.addr, hello.node_id, hello.cluster_id, self.target, self.ctx.cluster_id
                 )));
             }
+            if let Err(e) = check_hello(&hello) {
+                conn.close();
+                return Err(Failure::Network(format!(
+                    "node {} at {} revealed a bad handshake: {e}",
+                    self.target, self.addr
+                )));
+            }
             self.link = Some(Link { conn, hello });
         }
         Ok(self.link.as_ref().expect("just set"))
@@ -409,7 +528,7 @@ impl PeerNet {
         let transport = |e: ringraft_transport::TransportError| Failure::Network(e.to_string());
         loop {
             let bytes = conn.read(fence.start(), 8).await.map_err(transport)?;
-            let current = Epoch(u64::from_le_bytes(bytes.try_into().expect("8 bytes")));
+            let current = Epoch(word_of(&bytes, "fence", self.target)?);
             if current == epoch {
                 break;
             }
@@ -431,11 +550,17 @@ impl PeerNet {
         }
         match self.call(&Request::Grant { epoch: epoch.0 }, ttl).await? {
             Reply::Granted { data, tail } => {
+                check_data_area(&data, capacity)
+                    .and_then(|()| check_tail(&tail, capacity))
+                    .map_err(|e| {
+                        Failure::Network(format!("node {} granted nonsense: {e}", self.target))
+                    })?;
                 let view = View {
                     epoch,
                     data,
                     tail,
                     capacity,
+                    awaiting_tail: false,
                 };
                 self.view = Some(view);
                 Ok(view)
@@ -461,6 +586,8 @@ impl PeerNet {
     async fn wait_for_room(&mut self, view: &mut View, end_lsn: u64) -> Result<(), Failure> {
         let deadline = tokio::time::Instant::now() + RING_FULL_WAIT;
         let mut backoff = Duration::from_millis(1);
+        // The head and the tail were checked (the tail is at most
+        // MAX_PEER_LSN): `head + capacity` does not overflow.
         loop {
             if end_lsn <= view.tail.head_lsn + view.capacity {
                 return Ok(());
@@ -471,7 +598,16 @@ impl PeerNet {
                 .read(link.hello.head.start(), 8)
                 .await
                 .map_err(|e| Failure::Network(e.to_string()))?;
-            view.tail.head_lsn = u64::from_le_bytes(bytes.try_into().expect("8 bytes"));
+            let head_lsn = word_of(&bytes, "head", self.target)?;
+            // A follower's head never passes its adopted tail, which is at
+            // most where this leader writes next.
+            if head_lsn > view.tail.next_lsn {
+                return Err(Failure::Network(format!(
+                    "node {}'s head {head_lsn} is beyond its tail {}",
+                    self.target, view.tail.next_lsn
+                )));
+            }
+            view.tail.head_lsn = head_lsn;
             if end_lsn <= view.tail.head_lsn + view.capacity {
                 return Ok(());
             }
@@ -515,18 +651,22 @@ impl PeerNet {
         }
         let mut view = self.ensure_fenced(&req.vote, ttl).await?;
         let mut writes = Vec::new();
-        if view.tail.last_log_id() == req.prev_log_id {
+        if !view.awaiting_tail && view.tail.last_log_id() == req.prev_log_id {
             writes = self.post_written(&mut view, req).await?;
         } else {
             tracing::debug!(
                 target = self.target,
                 prev = ?req.prev_log_id,
                 follower_last = ?view.tail.last_log_id(),
+                awaiting_tail = view.awaiting_tail,
                 "entries travel two-sided"
             );
             self.post_inline(req, view.epoch.0, ttl).await?;
-            // The follower's tail is known again from the answer.
-            self.view = None;
+            // The follower's tail is known again from the answer (the grant
+            // and its rkey stay good).
+            if let Some(view) = self.view.as_mut() {
+                view.awaiting_tail = true;
+            }
         }
         Ok(InFlight {
             prev,
@@ -534,6 +674,28 @@ impl PeerNet {
             writes,
             deadline: tokio::time::Instant::now() + ttl,
         })
+    }
+
+    /// Whether `req` can be posted while replies are in flight: a heartbeat,
+    /// or a batch that continues the follower's known tail one-sided under
+    /// the fence already held. Any other batch needs an exchange of its own
+    /// first (a grant, or two-sided parts answered one by one) or the tail
+    /// that an answer in flight brings, so it waits until the replies in
+    /// flight are taken: replies come in order, and one taken by the wrong
+    /// waiter would be mistaken for another's.
+    fn posts_without_exchange(&self, req: &AppendEntriesRequest<TypeConfig>) -> bool {
+        if req.entries.is_empty() {
+            return true;
+        }
+        let Some(epoch) = Epoch::new(req.vote.leader_id.term, self.ctx.node_id) else {
+            return false;
+        };
+        self.link.is_some()
+            && self.view.is_some_and(|view| {
+                view.epoch == epoch
+                    && !view.awaiting_tail
+                    && view.tail.last_log_id() == req.prev_log_id
+            })
     }
 
     async fn post_written(
@@ -705,10 +867,18 @@ impl PeerNet {
                     // Conflict or higher vote: the pipeline restarts from the
                     // follower's real tail.
                     self.view = None;
-                } else if let Some(view) = self.view.as_mut()
-                    && view.tail.next_lsn < tail.next_lsn
-                {
-                    view.tail = tail;
+                } else if let Some(view) = self.view.as_mut() {
+                    if let Err(e) = check_tail(&tail, view.capacity) {
+                        self.view = None;
+                        return Err(Failure::Network(format!(
+                            "node {} answered nonsense: {e}",
+                            self.target
+                        )));
+                    }
+                    if view.awaiting_tail || view.tail.next_lsn < tail.next_lsn {
+                        view.tail = tail;
+                        view.awaiting_tail = false;
+                    }
                 }
                 Ok(response)
             }
@@ -789,6 +959,7 @@ impl RaftNetworkV2<TypeConfig> for PeerNet {
                 net: self,
                 input,
                 inflight: VecDeque::new(),
+                held: None,
                 input_done: false,
                 stopped: false,
                 ttl: option.hard_ttl(),
@@ -901,6 +1072,9 @@ struct Pipeline<'s, S> {
     net: &'s mut PeerNet,
     input: S,
     inflight: VecDeque<InFlight>,
+    /// A request that cannot be posted while replies are in flight (see
+    /// [`PeerNet::posts_without_exchange`]): posted once they are taken.
+    held: Option<AppendEntriesRequest<TypeConfig>>,
     input_done: bool,
     stopped: bool,
     ttl: Duration,
@@ -934,7 +1108,10 @@ where
 
     /// The next result. While answers are pending, new requests are posted
     /// as soon as they come (up to [`PIPELINE_DEPTH`] in flight): batch k+1
-    /// is written before the answer to batch k.
+    /// is written before the answer to batch k. A batch that needs an
+    /// exchange of its own (a grant, a two-sided batch, or the tail a
+    /// two-sided batch's answer brings) waits until the answers in flight
+    /// are taken, and no later request is taken before it is posted.
     async fn next(
         &mut self,
     ) -> Option<Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>> {
@@ -946,7 +1123,16 @@ where
             if self.stopped {
                 return None;
             }
-            let can_post = !self.input_done && self.inflight.len() < PIPELINE_DEPTH;
+            if self.inflight.is_empty()
+                && let Some(req) = self.held.take()
+            {
+                if let Some(out) = self.post(req).await {
+                    return Some(out);
+                }
+                continue;
+            }
+            let can_post =
+                self.held.is_none() && !self.input_done && self.inflight.len() < PIPELINE_DEPTH;
             let event = match self.inflight.front().map(|f| f.deadline) {
                 None if can_post => Event::Input(self.input.next().await),
                 None => return None,
@@ -962,7 +1148,9 @@ where
             match event {
                 Event::Input(None) => self.input_done = true,
                 Event::Input(Some(req)) => {
-                    if let Some(out) = self.post(req).await {
+                    if !self.inflight.is_empty() && !self.net.posts_without_exchange(&req) {
+                        self.held = Some(req);
+                    } else if let Some(out) = self.post(req).await {
                         return Some(out);
                     }
                 }

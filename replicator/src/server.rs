@@ -178,6 +178,21 @@ async fn handle(
             total,
             data,
         } => snapshot_part(ctx, partial, vote, meta, offset, total, data).await,
+        // openraft's election by leadership transfer ignores `enable_elect`:
+        // the no-vote rule of a log corrupt inside is enforced here.
+        Request::TransferLeader(req)
+            if *req.to_node_id() == ctx.store.node_id() && ctx.store.votes_blocked() =>
+        {
+            tracing::info!(
+                peer,
+                "leadership transfer refused: this node's log is corrupt inside until re-replicated"
+            );
+            Reply::Error(format!(
+                "node {} refuses the leadership: its log is corrupt inside until a leader \
+                 re-replicates past the break",
+                ctx.store.node_id()
+            ))
+        }
         Request::TransferLeader(req) => match ctx.raft.handle_transfer_leader(req).await {
             Ok(resp) => Reply::Transferred(resp),
             Err(e) => Reply::Error(e.to_string()),

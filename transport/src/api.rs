@@ -511,6 +511,7 @@ impl Connection {
             rx,
             op,
             peer: self.peer_addr().to_string(),
+            read_len: None,
             map,
         }
     }
@@ -543,17 +544,21 @@ impl Connection {
         Ok(self.completion("WRITE_WITH_IMM", rx, unit))
     }
 
-    /// Posts a one-sided READ of `len` bytes at `remote`.
+    /// Posts a one-sided READ of `len` bytes at `remote`. Its completion
+    /// holds exactly `len` bytes: a result of another length (a faulty or
+    /// hostile peer NIC) completes with [`TransportError::Protocol`].
     pub fn post_read(&self, remote: RemoteAddr, len: u32) -> Result<Completion<Vec<u8>>> {
         let rx = self.post(Request::Read {
             addr: remote.addr,
             rkey: remote.rkey,
             len,
         })?;
-        Ok(self.completion("READ", rx, |d| match d {
+        let mut completion = self.completion("READ", rx, |d| match d {
             Done::Data(v) => Some(v),
             _ => None,
-        }))
+        });
+        completion.read_len = Some(len as usize);
+        Ok(completion)
     }
 
     /// Posts a compare-and-swap of the 8-byte word at `remote`; completes
@@ -662,6 +667,9 @@ pub struct Completion<T> {
     rx: oneshot::Receiver<Result<Done, WcError>>,
     op: &'static str,
     peer: String,
+    /// For a READ, the bytes it asked for: its result must hold exactly as
+    /// many (the bytes come from the peer's NIC, which is not trusted).
+    read_len: Option<usize>,
     map: fn(Done) -> Option<T>,
 }
 
@@ -679,6 +687,17 @@ impl<T> Future for Completion<T> {
             error,
         };
         Poll::Ready(match result {
+            Ok(Ok(Done::Data(data))) if self.read_len.is_some_and(|len| data.len() != len) => {
+                Err(TransportError::Protocol {
+                    peer: self.peer.clone(),
+                    reason: format!(
+                        "{} of {} bytes completed with {} bytes",
+                        self.op,
+                        self.read_len.unwrap_or_default(),
+                        data.len()
+                    ),
+                })
+            }
             Ok(Ok(done)) => (self.map)(done).ok_or_else(|| TransportError::Protocol {
                 peer: self.peer.clone(),
                 reason: format!("{} completed with the wrong kind of result", self.op),
@@ -686,5 +705,53 @@ impl<T> Future for Completion<T> {
             Ok(Err(e)) => Err(error(e)),
             Err(_) => Err(error(WcError::Flushed)),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inproc::Fabric;
+
+    fn device(fabric: &Fabric, node: &str, id: u64) -> Device {
+        fabric.device(
+            node,
+            DeviceConfig {
+                node_id: id,
+                secret: crate::conformance::suite_secret(),
+                limits: Default::default(),
+            },
+        )
+    }
+
+    /// Issue 10, item 5 ("Input from the peer's NIC is trusted"): a READ
+    /// whose answer holds fewer bytes than asked (a faulty or hostile peer
+    /// NIC) completes with an error, never with the short data that callers
+    /// then `expect` to be a word.
+    #[tokio::test(start_paused = true)]
+    async fn a_read_answered_with_the_wrong_length_is_an_error() {
+        let fabric = Fabric::new(1);
+        let (a, b) = (device(&fabric, "a", 1), device(&fabric, "b", 2));
+        let mut listener = b
+            .listen("b:0", ConnConfig::default(), reveal_to_all(vec![]))
+            .await
+            .unwrap();
+        let ab = a
+            .connect("b:0", ConnConfig::default(), vec![])
+            .await
+            .unwrap();
+        let _ba = listener.accept().await.unwrap();
+        let word = b.register_buffer(8, Access::REMOTE_READ).unwrap();
+        word.write(0, &7u64.to_le_bytes()).unwrap();
+        let at = word.remote().start();
+        assert_eq!(ab.read(at, 8).await.unwrap(), 7u64.to_le_bytes());
+
+        fabric.shorten_reads("b", 4);
+        match ab.read(at, 8).await {
+            Err(TransportError::Protocol { reason, .. }) => {
+                assert!(reason.contains("8 bytes completed with 4"), "{reason}")
+            }
+            other => panic!("a short READ answer was taken: {other:?}"),
+        }
     }
 }

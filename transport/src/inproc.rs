@@ -27,6 +27,7 @@ use tokio::time::Instant;
 use crate::api::{AcceptPolicy, Device, DeviceConfig, DeviceKind};
 use crate::error::{Result, TransportError};
 use crate::soft::conn::{Frame, WireOut, wire};
+use crate::soft::nic::Done;
 use crate::soft::{Flavor, SoftConnection, SoftDevice, SoftListener};
 use crate::types::{AtomicCapability, ConnConfig};
 
@@ -44,6 +45,8 @@ struct NetState {
     /// Directed cuts: frames from .0 to .1 are held.
     cuts: HashSet<(String, String)>,
     delay: (Duration, Duration),
+    /// Nodes whose NIC answers READs with at most this many bytes.
+    short_reads: HashMap<String, usize>,
 }
 
 impl NetState {
@@ -408,6 +411,34 @@ impl Fabric {
             incoming,
         }
     }
+
+    /// Makes `node`'s NIC answer every READ with at most `max_bytes` bytes:
+    /// what a faulty NIC, or a peer running a tampered software RNIC, can
+    /// send. For tests of what requesters do with such answers.
+    pub fn shorten_reads(&self, node: &str, max_bytes: usize) {
+        self.update(|s| {
+            s.short_reads.insert(node.to_string(), max_bytes);
+        });
+    }
+
+    /// `frame` as it leaves `from`'s NIC, with the injected answer faults.
+    fn tamper(&self, from: &str, mut frame: Frame) -> Frame {
+        if let Frame::Resp {
+            result: Ok(Done::Data(data)),
+            ..
+        } = &mut frame
+            && let Some(max) = self
+                .inner
+                .state
+                .lock()
+                .expect("fabric state")
+                .short_reads
+                .get(from)
+        {
+            data.truncate(*max);
+        }
+        frame
+    }
 }
 
 /// Takes frames off a queue pair's outgoing channels and stamps each with
@@ -455,6 +486,7 @@ async fn deliver(
         if dead.load(Ordering::Acquire) {
             continue;
         }
+        let frame = fabric.tamper(&from, frame);
         let closing = matches!(frame, Frame::Close { .. });
         if incoming.send(frame).is_err() || closing {
             return;
