@@ -363,3 +363,130 @@ async fn wait_until_applied_by(cluster: &Cluster, id: u64, data: &[u8]) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// Issue 10, item 3: a client's records keep their order. One session
+/// pipelines appends of several records each, alternately through a
+/// follower (forwarded) and the leader, many in flight at once; and every
+/// even append is sent only once its successor's first attempt has an
+/// outcome, so that a later seq reaches the log before an earlier one on
+/// purpose (as through two leaders, or a retry). The records of an append
+/// used to be proposed one by one (indexes out of request order), and one
+/// session's appends were applied in whatever order they reached the log.
+/// Now: the indexes increase in send order (consecutive within an append
+/// proposed once), and every node applied the records in send order; an
+/// append that came early was refused as out of order and retried once its
+/// predecessor was acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelining_clients_records_keep_their_send_order() {
+    use std::sync::Arc;
+
+    use ringraft::{NodeError, Session};
+    use tokio::sync::watch;
+    const APPENDS: usize = 24;
+    const RECORDS: usize = 40;
+    const CLIENT: u64 = 0xC0FFEE;
+    let cluster = Cluster::start(Kind::Inproc, 3, Durability::Memory, 16).await;
+    let leader = cluster.leader().await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let sent: Vec<Vec<Vec<u8>>> = (0..APPENDS)
+        .map(|a| {
+            (0..RECORDS)
+                .map(|r| format!("a{a}-r{r}").into_bytes())
+                .collect()
+        })
+        .collect();
+    // Per append: its first attempt has an outcome; it is acknowledged.
+    let tried: Arc<Vec<watch::Sender<bool>>> =
+        Arc::new((0..APPENDS).map(|_| watch::channel(false).0).collect());
+    let acked: Arc<Vec<watch::Sender<bool>>> =
+        Arc::new((0..APPENDS).map(|_| watch::channel(false).0).collect());
+    let mut appends = Vec::new();
+    for (a, records) in sent.iter().cloned().enumerate() {
+        let node = cluster
+            .node(if a % 2 == 0 { follower } else { leader })
+            .clone();
+        let (tried, acked) = (tried.clone(), acked.clone());
+        appends.push(tokio::spawn(async move {
+            if a % 2 == 0 && a + 1 < APPENDS {
+                let mut later = tried[a + 1].subscribe();
+                later.wait_for(|t| *t).await.unwrap();
+            }
+            let session = Session {
+                client_id: CLIENT,
+                seq: 1 + (a * RECORDS) as u64,
+            };
+            let mut first_attempt = None;
+            for _attempt in 0..100 {
+                let result = node.propose_batch(Some(session), records.clone()).await;
+                tried[a].send_replace(true);
+                first_attempt.get_or_insert(match &result {
+                    Ok(_) => "acknowledged",
+                    Err(NodeError::OutOfOrder { .. }) => "out of order",
+                    Err(_) => "failed",
+                });
+                match result {
+                    Ok(answers) => {
+                        acked[a].send_replace(true);
+                        return (answers, first_attempt.unwrap());
+                    }
+                    Err(NodeError::OutOfOrder { expected, .. }) => {
+                        assert!(a > 0, "the first append came out of order ({expected})");
+                        let mut earlier = acked[a - 1].subscribe();
+                        earlier.wait_for(|d| *d).await.unwrap();
+                    }
+                    // Outcome unknown (a leader change): retry, exactly once.
+                    Err(NodeError::Unknown(_) | NodeError::NotLeader { .. }) => {}
+                    Err(e) => panic!("append {a}: {e}"),
+                }
+            }
+            panic!("append {a} was not acknowledged in 100 attempts");
+        }));
+    }
+    let mut indexes = Vec::new();
+    for (a, append) in appends.into_iter().enumerate() {
+        let (answers, first_attempt) = tokio::time::timeout(4 * T, append)
+            .await
+            .expect("the append finishes")
+            .expect("the append task");
+        if a % 2 == 1 {
+            // Its predecessor was not even sent yet.
+            assert_ne!(
+                first_attempt,
+                "acknowledged",
+                "append {a} was applied before append {}",
+                a - 1
+            );
+        }
+        assert_eq!(answers.len(), RECORDS, "append {a}: one answer per record");
+        let at: Vec<u64> = answers.iter().map(|r| r.index).collect();
+        if answers.iter().all(|r| !r.duplicate) {
+            assert!(
+                at.windows(2).all(|w| w[1] == w[0] + 1),
+                "append {a} proposed once got consecutive indexes: {at:?}"
+            );
+        }
+        indexes.extend(at);
+    }
+    let inversions: Vec<&[u64]> = indexes.windows(2).filter(|w| w[1] <= w[0]).collect();
+    assert!(
+        inversions.is_empty(),
+        "indexes go backwards {} times in send order; first: {:?}",
+        inversions.len(),
+        inversions.first()
+    );
+    cluster.wait_applied(*indexes.last().unwrap(), T).await;
+    let send_order: Vec<Vec<u8>> = sent.concat();
+    for id in 1..=3 {
+        let applied = cluster.applied(id);
+        assert_eq!(
+            user_commands(&applied),
+            send_order,
+            "node {id} applied the records in send order"
+        );
+        let applied_at: Vec<u64> = applied.entries.iter().map(|(i, _)| *i).collect();
+        assert_eq!(
+            applied_at, indexes,
+            "node {id} applied each at its answered index"
+        );
+    }
+}

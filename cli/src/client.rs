@@ -1,7 +1,8 @@
 //! A client that tries a list of endpoints in turn, with a timeout per
 //! endpoint so that a paused or unreachable node never hangs it, and appends
-//! exactly once across retries (a client session: every record carries
-//! `(client_id, seq)`, and a retry reuses them).
+//! exactly once and in order across retries (a client session: every record
+//! carries `(client_id, seq)`, seqs consecutive from 1, and a retry reuses
+//! them; the cluster applies a session's records in seq order).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -74,7 +75,7 @@ impl Client {
             deadline: Duration::from_secs(60),
             preferred: 0,
             channels: HashMap::new(),
-            client_id: rand::random::<u64>() | 1,
+            client_id: new_client_id(),
             next_seq: 1,
             retries: 0,
         }
@@ -171,11 +172,18 @@ impl Client {
     }
 
     /// Appends `records` exactly once, retrying through leader changes and
-    /// timeouts; returns each record's log index.
+    /// timeouts; returns each record's log index. The records get increasing
+    /// indexes in their order, after those of this client's earlier appends.
+    ///
+    /// # Errors
+    /// When the append fails, its records may or may not land in the log
+    /// (later, even after the next appends); the client goes on in a new
+    /// session, since the cluster would refuse the old session's next seqs
+    /// as long as this append's are missing.
     pub async fn append(&mut self, records: Vec<Vec<u8>>) -> Result<Vec<u64>, ClientError> {
         let first_seq = self.next_seq;
-        self.next_seq += records.len() as u64;
         let client_id = self.client_id;
+        let count = records.len() as u64;
         let response = self
             .with_retry(|mut c| {
                 let req = AppendRequest {
@@ -185,8 +193,18 @@ impl Client {
                 };
                 async move { c.append(api(req)).await.map(|r| r.into_inner()) }
             })
-            .await?;
-        Ok(response.indexes)
+            .await;
+        match response {
+            Ok(response) => {
+                self.next_seq += count;
+                Ok(response.indexes)
+            }
+            Err(e) => {
+                self.client_id = new_client_id();
+                self.next_seq = 1;
+                Err(e)
+            }
+        }
     }
 
     /// Reads committed records with index in `from..=to` (`to` 0: up to the
@@ -294,6 +312,11 @@ impl Client {
         })
         .await
     }
+}
+
+/// A fresh session's client id (never 0, which means "no session").
+fn new_client_id() -> u64 {
+    rand::random::<u64>() | 1
 }
 
 fn api<T>(message: T) -> Request<T> {

@@ -67,6 +67,8 @@ pub fn status(e: NodeError) -> Status {
         NodeError::Stopped(m) => Status::unavailable(format!("node stopping: {m}")),
         NodeError::Config(m) => Status::invalid_argument(m),
         NodeError::Storage(m) | NodeError::Fabric(m) | NodeError::Raft(m) => Status::internal(m),
+        // Retryable: the earlier seqs are on their way (or being retried).
+        e @ NodeError::OutOfOrder { .. } => Status::aborted(e.to_string()),
     }
 }
 
@@ -123,40 +125,36 @@ impl Log for LogService {
                 self.max_record
             )));
         }
-        let session = req.client_id != 0;
-        if session
-            && req
+        let session = if req.client_id == 0 {
+            None
+        } else if req.first_seq < ringraft::types::FIRST_SEQ
+            || req
                 .first_seq
                 .checked_add(req.records.len() as u64)
                 .is_none()
         {
-            return Err(Status::invalid_argument("sequence numbers overflow"));
-        }
-        // Pipelined: every record is proposed at once; openraft batches them.
-        let proposals = req.records.into_iter().enumerate().map(|(k, data)| {
-            let node = self.node.clone();
-            let seq = req.first_seq + k as u64;
-            let client_id = req.client_id;
-            async move {
-                if session {
-                    node.propose_in_session(Session { client_id, seq }, data)
-                        .await
-                } else {
-                    node.propose(data)
-                        .await
-                        .map(|(index, data)| ringraft::Response {
-                            index,
-                            data,
-                            duplicate: false,
-                        })
-                }
-            }
-        });
-        let results = futures::future::join_all(proposals).await;
+            return Err(Status::invalid_argument(format!(
+                "first_seq {} with {} records: a session's sequence numbers run from {} without overflow",
+                req.first_seq,
+                req.records.len(),
+                ringraft::types::FIRST_SEQ
+            )));
+        } else {
+            Some(Session {
+                client_id: req.client_id,
+                seq: req.first_seq,
+            })
+        };
+        // One batch: the records get consecutive indexes in request order,
+        // after the session's earlier appends.
+        let results = self
+            .node
+            .propose_batch(session, req.records)
+            .await
+            .map_err(status)?;
         let mut indexes = Vec::with_capacity(results.len());
         let mut duplicates = Vec::with_capacity(results.len());
         for r in results {
-            let r = r.map_err(status)?;
             if r.duplicate && r.index == 0 {
                 return Err(Status::failed_precondition(
                     "a retry older than the session's remembered window; its index is no longer known",

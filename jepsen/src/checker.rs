@@ -116,6 +116,7 @@ pub fn pair_operations(events: &[Event]) -> Result<Vec<Operation>, CheckError> {
     let mut outstanding: HashMap<u64, usize> = HashMap::new(); // process -> op
     let mut retired: HashSet<u64> = HashSet::new(); // processes that saw info
     let mut append_data: HashMap<&str, usize> = HashMap::new(); // data -> event
+    let mut client_seqs: HashMap<(u64, u64), usize> = HashMap::new(); // (client, seq) -> event
     for (at, ev) in events.iter().enumerate() {
         let Process::Client(process) = ev.process else {
             continue;
@@ -158,6 +159,20 @@ pub fn pair_operations(events: &[Event]) -> Result<Vec<Operation>, CheckError> {
                     ),
                 );
             }
+            if let Op::Append(v) = &ev.op
+                && let (Some(client), Some(seq)) = (v.client, v.seq)
+                && let Some(prev) = client_seqs.insert((client, seq), at)
+            {
+                problem(
+                    &mut problems,
+                    at,
+                    ev,
+                    format!(
+                        "client {client}'s seq {seq} already invoked at event #{}; a client's seqs must be unique",
+                        prev + 1
+                    ),
+                );
+            }
             outstanding.insert(process, ops.len());
             ops.push(Operation {
                 process,
@@ -178,7 +193,12 @@ pub fn pair_operations(events: &[Event]) -> Result<Vec<Operation>, CheckError> {
         };
         let inv = &events[ops[op].invoke];
         let matches = match (&inv.op, &ev.op) {
-            (Op::Append(a), Op::Append(b)) => a.data == b.data,
+            // A completion may leave out the client and seq of its invocation.
+            (Op::Append(a), Op::Append(b)) => {
+                a.data == b.data
+                    && b.client.is_none_or(|c| a.client == Some(c))
+                    && b.seq.is_none_or(|q| a.seq == Some(q))
+            }
             (Op::Read(a), Op::Read(b)) => {
                 a.from == b.from && a.to == b.to && a.consistency == b.consistency
             }
@@ -260,6 +280,8 @@ pub enum AnomalyKind {
     StaleRead,
     /// An append invoked after another was acknowledged got a lower index.
     RealTimeOrder,
+    /// A client's appends are in the log out of its send order.
+    ClientOrder,
 }
 
 impl AnomalyKind {
@@ -280,6 +302,7 @@ impl AnomalyKind {
             AnomalyKind::ReadMalformed => "read-malformed",
             AnomalyKind::StaleRead => "stale-read",
             AnomalyKind::RealTimeOrder => "real-time-order",
+            AnomalyKind::ClientOrder => "client-order",
         }
     }
 }
@@ -525,6 +548,7 @@ pub fn check_history(
     ck.check_appends(&order);
     ck.check_reads(&order);
     ck.check_real_time_order(&order);
+    ck.check_client_order(&order);
     let mut anomalies = ck.anomalies;
     anomalies.sort_by_key(|a| a.kind); // stable: keeps discovery order within a kind
     Ok(Verdict {
@@ -1135,6 +1159,67 @@ impl<'a> Checker<'a> {
                     vec![],
                     vec![ai, index],
                 );
+            }
+        }
+    }
+}
+
+impl<'a> Checker<'a> {
+    /// Where an append is in the log: an `ok` one at its acknowledged index,
+    /// an unknown-outcome one where the final order holds it (its lowest
+    /// index), a failed one nowhere.
+    fn placed_index(&self, op: &Operation, order: &TotalOrder<'a>) -> Option<u64> {
+        let Op::Append(inv) = &self.events[op.invoke].op else {
+            return None;
+        };
+        match op.outcome {
+            Outcome::Ok => match &op.last_event(self.events).op {
+                Op::Append(v) => v.index,
+                _ => None,
+            },
+            Outcome::Info | Outcome::Pending => order
+                .placements
+                .get(inv.data.as_str())
+                .and_then(|p| p.iter().map(|&(_, i)| i).min()),
+            Outcome::Fail => None,
+        }
+    }
+
+    /// Issue 10, item 3: every client's appends that are in the log appear
+    /// in its send order (`value.seq`), even when it had several in flight:
+    /// the acknowledged ones at their acknowledged index, the unknown ones
+    /// where the final order holds them.
+    fn check_client_order(&mut self, order: &TotalOrder<'a>) {
+        let mut by_client: BTreeMap<u64, Vec<(u64, u64, usize)>> = BTreeMap::new(); // client -> (seq, index, op)
+        for (i, op) in self.ops.iter().enumerate() {
+            let Op::Append(inv) = &self.events[op.invoke].op else {
+                continue;
+            };
+            let (Some(client), Some(seq)) = (inv.client, inv.seq) else {
+                continue;
+            };
+            if let Some(index) = self.placed_index(op, order) {
+                by_client.entry(client).or_default().push((seq, index, i));
+            }
+        }
+        for (client, mut appends) in by_client {
+            appends.sort_unstable();
+            for pair in appends.windows(2) {
+                let [(seq_a, index_a, a), (seq_b, index_b, b)] = *pair else {
+                    unreachable!("windows of two")
+                };
+                if index_b <= index_a {
+                    self.report(
+                        AnomalyKind::ClientOrder,
+                        format!(
+                            "client {client} sent seq {seq_a} before seq {seq_b}, but they are at indexes {index_a} and {index_b} ({:?}, {:?})",
+                            self.ops[a].outcome, self.ops[b].outcome
+                        ),
+                        vec![self.op_ref(a), self.op_ref(b)],
+                        vec![],
+                        vec![index_a, index_b],
+                    );
+                }
             }
         }
     }

@@ -113,8 +113,9 @@ impl Consistency {
     }
 }
 
-/// Value of an append: the unique data, and on `ok` the index it was
-/// acknowledged at.
+/// Value of an append: the unique data, on `ok` the index it was
+/// acknowledged at, and optionally which client sent it and where in that
+/// client's send order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AppendValue {
@@ -123,6 +124,15 @@ pub struct AppendValue {
     /// The log index the append was acknowledged at (`ok` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index: Option<u64>,
+    /// The client (session) that sent it. A client may have several appends
+    /// in flight, from several processes (e.g. the records of one request):
+    /// its appends must land in its send order. With `seq`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<u64>,
+    /// Its position in its client's send order (unique per client). With
+    /// `client`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
 }
 
 /// One record returned by a read.
@@ -228,6 +238,8 @@ impl Event {
             Op::Append(AppendValue {
                 data: data.into(),
                 index: None,
+                client: None,
+                seq: None,
             }),
         )
     }
@@ -247,6 +259,8 @@ impl Event {
             Op::Append(AppendValue {
                 data: data.into(),
                 index,
+                client: None,
+                seq: None,
             }),
         )
     }
@@ -327,6 +341,16 @@ impl Event {
         }
     }
 
+    /// Sets the client (session) an append was sent by and its place in
+    /// that client's send order; other events are returned unchanged.
+    pub fn in_client(mut self, client: u64, seq: u64) -> Event {
+        if let Op::Append(v) = &mut self.op {
+            v.client = Some(client);
+            v.seq = Some(seq);
+        }
+        self
+    }
+
     /// Sets the node the client talked to.
     pub fn with_node(mut self, node: u64) -> Event {
         self.node = Some(node);
@@ -395,6 +419,9 @@ impl TryFrom<RawEvent> for Event {
                     "append" => {
                         let v: AppendValue = serde_json::from_value(raw.value)
                             .map_err(|e| format!("append value: {e}"))?;
+                        if v.client.is_some() != v.seq.is_some() {
+                            return Err("an append's value.client and value.seq go together".into());
+                        }
                         match (raw.kind, v.index) {
                             (EventType::Ok, None) => {
                                 return Err("an ok append must carry value.index".into());
@@ -722,6 +749,8 @@ mod tests {
         let events = vec![
             Event::append_invoke(1, 0, "a\"\n").with_node(2),
             Event::append_completion(5, 0, EventType::Ok, "a\"\n", Some(3)).with_node(2),
+            Event::append_invoke(5, 4, "b").in_client(7, 2),
+            Event::append_completion(6, 4, EventType::Ok, "b", Some(4)).in_client(7, 2),
             Event::read_invoke(6, 1, 1, None, Consistency::Linearizable),
             Event::read_completion(
                 9,
@@ -758,9 +787,14 @@ mod tests {
             ev.op,
             Op::Append(AppendValue {
                 data: "x".into(),
-                index: Some(4)
+                index: Some(4),
+                client: None,
+                seq: None,
             })
         );
+        let ev = parse(r#"{"time":7,"process":3,"type":"invoke","f":"append","value":{"data":"x","client":9,"seq":1}}"#)
+            .unwrap();
+        assert_eq!(ev, Event::append_invoke(7, 3, "x").in_client(9, 1));
         let ev = parse(r#"{"time":7,"process":"nemesis","type":"info","f":"kill","value":[2],"phase":"start"}"#)
             .unwrap();
         assert_eq!(ev.process, Process::Nemesis);
@@ -783,6 +817,8 @@ mod tests {
             r#"{"time":1,"process":"nemesis","type":"ok","f":"kill","value":null}"#,
             r#"{"time":1,"process":0,"type":"maybe","f":"append","value":{"data":"x"}}"#,
             r#"{"time":1,"process":0,"type":"invoke","f":"read","value":{"from":1,"to":2,"consistency":"eventual"}}"#,
+            r#"{"time":1,"process":0,"type":"invoke","f":"append","value":{"data":"x","client":1}}"#,
+            r#"{"time":1,"process":0,"type":"invoke","f":"append","value":{"data":"x","seq":1}}"#,
         ] {
             assert!(parse(bad).is_err(), "accepted {bad}");
         }

@@ -220,6 +220,9 @@ pub fn edn_event(index: usize, ev: &Event) -> String {
             if let Some(index) = v.index {
                 let _ = write!(s, ", :index {index}");
             }
+            if let (Some(client), Some(seq)) = (v.client, v.seq) {
+                let _ = write!(s, ", :client {client}, :seq {seq}");
+            }
             s.push('}');
         }
         Op::Read(v) => {

@@ -7,6 +7,13 @@
 //! retries internally with one session, so a refusal after a timed-out
 //! attempt does not prove the record absent); reads that fail are `fail`
 //! (a read has no effect).
+//!
+//! An append request carries [`RECORDS_PER_APPEND`] records. Each record is
+//! an operation of its own, by one of the task's processes (one per record
+//! of a request), all invoked together and completed together, tagged with
+//! the client session that sent it and its place in that session's send
+//! order (`value.client`, `value.seq`): the checker's `client-order` rule
+//! then sees whether a client's records kept its order (issue 10, item 3).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,6 +28,8 @@ use crate::rng::SplitMix64;
 pub const MAX_READ_SPAN: u64 = 32;
 /// How far below the highest acknowledged index a tail read starts.
 pub const TAIL_READ_BACK: u64 = 32;
+/// Records in one append request.
+pub const RECORDS_PER_APPEND: usize = 3;
 
 /// What the clients do.
 #[derive(Debug, Clone)]
@@ -58,7 +67,17 @@ struct Shared {
     history: Arc<HistoryWriter>,
     stop: Arc<AtomicBool>,
     next_process: AtomicU64,
+    next_session: AtomicU64,
     max_acked_index: AtomicU64,
+}
+
+impl Shared {
+    /// Fresh processes, one per record of an append request.
+    fn new_processes(&self) -> Vec<u64> {
+        (0..RECORDS_PER_APPEND)
+            .map(|_| self.next_process.fetch_add(1, Ordering::SeqCst))
+            .collect()
+    }
 }
 
 /// Runs the clients until `stop` is set; returns what they saw.
@@ -71,6 +90,7 @@ pub async fn run(
         history,
         stop,
         next_process: AtomicU64::new(0),
+        next_session: AtomicU64::new(1),
         max_acked_index: AtomicU64::new(0),
     });
     let mut tasks = Vec::new();
@@ -111,7 +131,10 @@ async fn client_loop(
 ) -> std::io::Result<WorkloadStats> {
     let mut rng = SplitMix64::new(config.seed ^ (k + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let mut stats = WorkloadStats::default();
-    let mut process = shared.next_process.fetch_add(1, Ordering::SeqCst);
+    // The processes of the current session, one per record of a request;
+    // reads go through the first.
+    let mut processes = shared.new_processes();
+    let mut session = shared.next_session.fetch_add(1, Ordering::SeqCst);
     let mut client = new_client(k, &config);
     let mut seq = 0u64;
     // Slack over the client's own deadline before the harness gives up.
@@ -119,43 +142,57 @@ async fn client_loop(
     while !shared.stop.load(Ordering::SeqCst) {
         let roll = rng.below(10);
         if roll < 6 {
-            seq += 1;
-            let data = format!("c{k}-p{process}-{seq}");
-            shared
-                .history
-                .record(Event::append_invoke(0, process, data.clone()))?;
-            let result =
-                tokio::time::timeout(hard_limit, client.append(vec![data.clone().into_bytes()]))
-                    .await;
+            // (process, seq, data) of each record, in send order.
+            let records: Vec<(u64, u64, String)> = processes
+                .iter()
+                .map(|&process| {
+                    seq += 1;
+                    (process, seq, format!("c{k}-p{process}-{seq}"))
+                })
+                .collect();
+            for (process, seq, data) in &records {
+                shared.history.record(
+                    Event::append_invoke(0, *process, data.clone()).in_client(session, *seq),
+                )?;
+            }
+            let payload = records
+                .iter()
+                .map(|(_, _, data)| data.clone().into_bytes())
+                .collect();
+            let result = tokio::time::timeout(hard_limit, client.append(payload)).await;
             match result {
-                Ok(Ok(indexes)) if indexes.len() == 1 => {
-                    let index = indexes[0];
-                    shared.max_acked_index.fetch_max(index, Ordering::SeqCst);
-                    shared.history.record(Event::append_completion(
-                        0,
-                        process,
-                        EventType::Ok,
-                        data,
-                        Some(index),
-                    ))?;
-                    stats.append_ok += 1;
+                Ok(Ok(indexes)) if indexes.len() == records.len() => {
+                    for ((process, seq, data), index) in records.into_iter().zip(indexes) {
+                        shared.max_acked_index.fetch_max(index, Ordering::SeqCst);
+                        shared.history.record(
+                            Event::append_completion(0, process, EventType::Ok, data, Some(index))
+                                .in_client(session, seq),
+                        )?;
+                        stats.append_ok += 1;
+                    }
                 }
                 other => {
                     let error = match other {
-                        Ok(Ok(indexes)) => {
-                            format!("one record appended, {} indexes answered", indexes.len())
-                        }
+                        Ok(Ok(indexes)) => format!(
+                            "{} records appended, {} indexes answered",
+                            records.len(),
+                            indexes.len()
+                        ),
                         Ok(Err(e)) => e.to_string(),
                         Err(_) => format!("no answer within {hard_limit:?}"),
                     };
-                    shared.history.record(
-                        Event::append_completion(0, process, EventType::Info, data, None)
-                            .with_error(error),
-                    )?;
-                    stats.append_info += 1;
-                    // This process is done (Jepsen's rule); a new one, with a
-                    // new session, takes over.
-                    process = shared.next_process.fetch_add(1, Ordering::SeqCst);
+                    for (process, seq, data) in records {
+                        shared.history.record(
+                            Event::append_completion(0, process, EventType::Info, data, None)
+                                .in_client(session, seq)
+                                .with_error(error.clone()),
+                        )?;
+                        stats.append_info += 1;
+                    }
+                    // These processes are done (Jepsen's rule); new ones,
+                    // with a new session, take over.
+                    processes = shared.new_processes();
+                    session = shared.next_session.fetch_add(1, Ordering::SeqCst);
                     client = new_client(k, &config);
                     seq = 0;
                 }
@@ -168,6 +205,7 @@ async fn client_loop(
             } else {
                 (max.saturating_sub(TAIL_READ_BACK).max(1), None)
             };
+            let process = processes[0];
             shared.history.record(Event::read_invoke(
                 0,
                 process,

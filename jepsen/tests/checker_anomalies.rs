@@ -320,6 +320,91 @@ fn acknowledged_appends_keep_real_time_order() {
     assert_kinds(&verdict(&h, &same_on_three(&[(1, "b"), (2, "a")])), &[]);
 }
 
+/// Client 5 pipelines two requests (three records from processes 0-2, then
+/// two from processes 3-4, the second request sent before the first is
+/// answered); client 6 appends in between. `seq` is each client's send order.
+fn pipelined_history(order: [u64; 5]) -> History {
+    let mut h = History::default();
+    let during = (0, 30);
+    h.client_append_ok(0, (5, 1), "c5-1", order[0], during)
+        .client_append_ok(1, (5, 2), "c5-2", order[1], during)
+        .client_append_ok(2, (5, 3), "c5-3", order[2], during)
+        .client_append_ok(3, (5, 4), "c5-4", order[3], (5, 40))
+        .client_append_ended(4, (5, 5), "c5-5", EventType::Info, (5, 40))
+        .client_append_ok(5, (6, 1), "c6-1", 4, (1, 20));
+    h
+}
+
+fn pipelined_log(
+    order: [u64; 5],
+) -> std::collections::BTreeMap<u64, Vec<ringraft_jepsen::history::FinalRecord>> {
+    let mut log: Vec<(u64, &str)> = vec![(4, "c6-1")];
+    for (k, &index) in order.iter().enumerate() {
+        log.push((index, ["c5-1", "c5-2", "c5-3", "c5-4", "c5-5"][k]));
+    }
+    log.sort();
+    let log: Vec<(u64, &str)> = log;
+    same_on_three(&log)
+}
+
+/// Issue 10, item 3: a client's records must keep their order. Records of
+/// one request and requests in flight together are concurrent, so
+/// real-time order allows any order among them; the client's send order
+/// (`value.client`, `value.seq`) does not.
+#[test]
+fn a_pipelining_clients_appends_land_in_its_send_order() {
+    let in_order = [1, 2, 3, 5, 6];
+    let v = verdict(&pipelined_history(in_order), &pipelined_log(in_order));
+    assert_kinds(&v, &[]);
+    assert_eq!(v.summary.acked_appends, 5);
+}
+
+/// Issue 10, item 3: the records of one request landed out of request order
+/// (seq 2 and 3 swapped), and an unknown-outcome record (seq 5) landed
+/// before an acknowledged one sent earlier (seq 4).
+#[test]
+fn a_clients_appends_out_of_its_send_order_are_detected() {
+    let swapped = [1, 3, 2, 6, 5];
+    let v = verdict(&pipelined_history(swapped), &pipelined_log(swapped));
+    assert_kinds(&v, &[K::ClientOrder]);
+    assert_eq!(v.anomalies.len(), 2, "{:#?}", v.anomalies);
+    assert_eq!(v.anomalies[0].indexes, vec![3, 2]);
+    assert!(
+        v.anomalies[0]
+            .message
+            .contains("client 5 sent seq 2 before seq 3"),
+        "{}",
+        v.anomalies[0].message
+    );
+    assert_eq!(v.anomalies[0].ops[0].process, 1);
+    assert_eq!(v.anomalies[1].indexes, vec![6, 5]);
+    assert_eq!(
+        v.anomalies[1].ops[1].outcome,
+        ringraft_jepsen::checker::Outcome::Info
+    );
+    // An unknown-outcome append that is not in the log constrains nothing.
+    let mut h = pipelined_history([1, 2, 3, 5, 6]);
+    h.client_append_ended(9, (5, 6), "c5-6", EventType::Info, (50, 60));
+    assert_kinds(&verdict(&h, &pipelined_log([1, 2, 3, 5, 6])), &[]);
+}
+
+#[test]
+fn a_clients_seq_is_unique_and_its_completion_matches() {
+    let mut h = History::default();
+    h.client_append_ok(0, (5, 1), "a", 1, (0, 10))
+        .client_append_ok(1, (5, 1), "b", 2, (0, 10));
+    let problems = structure_error(h.events());
+    assert!(
+        problems[0].contains("client 5's seq 1 already invoked"),
+        "{problems:?}"
+    );
+    let problems = structure_error(vec![
+        Event::append_invoke(0, 0, "a").in_client(5, 1),
+        Event::append_completion(1, 0, EventType::Ok, "a", Some(1)).in_client(5, 2),
+    ]);
+    assert!(problems[0].contains("does not match"), "{problems:?}");
+}
+
 #[test]
 fn a_final_log_out_of_order() {
     let mut h = History::default();

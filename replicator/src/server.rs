@@ -215,29 +215,26 @@ async fn handle(
     }
 }
 
-/// Proposes commands a follower forwarded; answers each in order.
+/// Proposes commands a follower forwarded, as one batch in their order
+/// (`node::propose_here`); answers each in order.
 async fn propose(ctx: &ServerCtx, commands: Vec<crate::types::Command>) -> Reply {
     if commands.len() > crate::protocol::MAX_FORWARDED_COMMANDS {
         return Reply::Error(format!("{} commands in one forward", commands.len()));
     }
-    let writes = commands.into_iter().map(|c| {
-        let raft = ctx.raft.clone();
-        async move { raft.client_write(c).await }
-    });
-    let results = futures::future::join_all(writes).await;
-    let mut answers = Vec::with_capacity(results.len());
-    for result in results {
-        match result {
-            Ok(resp) => answers.push(Ok(resp.data)),
-            Err(openraft::error::RaftError::APIError(
-                openraft::error::ClientWriteError::ForwardToLeader(f),
-            )) if answers.is_empty() => {
-                return Reply::NotLeader(f.leader_id);
+    match crate::node::propose_here(&ctx.raft, commands).await {
+        Err(fatal) => Reply::Error(fatal.to_string()),
+        Ok(results) => match results.first() {
+            Some(Err(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
+                Reply::NotLeader(f.leader_id)
             }
-            Err(e) => answers.push(Err(e.to_string())),
-        }
+            _ => Reply::Proposed(
+                results
+                    .into_iter()
+                    .map(|r| r.map_err(|e| e.to_string()))
+                    .collect(),
+            ),
+        },
     }
-    Reply::Proposed(answers)
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -8,12 +8,21 @@
 //! `<data dir>/snapshot` so that a restarted node recovers from snapshot +
 //! ring.
 //!
-//! Sessions: a command tagged `(client_id, seq)` whose seq was already
-//! applied is answered from the table with the original index and response
-//! instead of being applied again. The table keeps the last
+//! Sessions: a command tagged `(client_id, seq)` is applied only as its
+//! session's next seq (seqs are consecutive from [`FIRST_SEQ`]), so one
+//! client's commands are applied in the order it numbered them even when
+//! several are in flight at once or a retry reaches the log through another
+//! leader after a later seq (Kafka's idempotent producer keeps a producer's
+//! order the same way). A seq already applied is answered from the table
+//! with the original index and response instead of being applied again; a
+//! seq that comes early (its predecessor not applied yet) is not applied
+//! and is answered "out of order", which the proposer retries once the
+//! earlier seqs are acknowledged (the entry stays in the log, applied as
+//! nothing, like a blank entry). The table keeps the last
 //! [`SESSION_WINDOW`] answers of each client and at most [`MAX_SESSIONS`]
-//! clients (least recently active evicted first); it is part of every
-//! snapshot, so every replica answers retries alike.
+//! clients (least recently active evicted first: a forgotten session's
+//! next seq is out of order, so its client must start a new session); it
+//! is part of every snapshot, so every replica decides alike.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -26,7 +35,9 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
-use crate::types::{Command, LogId, Response, SnapshotMeta, StoredMembership, TypeConfig};
+use crate::types::{
+    Command, Entry, FIRST_SEQ, LogId, Response, Session, SnapshotMeta, StoredMembership, TypeConfig,
+};
 
 /// Answers remembered per client.
 pub const SESSION_WINDOW: usize = 1024;
@@ -61,12 +72,40 @@ pub trait StateMachine: Send + 'static {
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct ClientSession {
-    /// seq -> (index, answer)
+    /// seq -> (index, answer) of the last seqs applied (consecutive, at most
+    /// [`SESSION_WINDOW`]).
     answers: BTreeMap<u64, (u64, Vec<u8>)>,
     /// Lowest seq that may still be answered (older ones were evicted).
     floor: u64,
     /// Index of the last command of this client, for eviction order.
     last_index: u64,
+}
+
+impl ClientSession {
+    /// The highest seq applied: every seq up to it was applied, in order.
+    fn last_seq(&self) -> u64 {
+        self.answers
+            .keys()
+            .next_back()
+            .copied()
+            .unwrap_or(self.floor.saturating_sub(1))
+    }
+}
+
+/// What the session table makes of a command `(client_id, seq)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum SeqCheck {
+    /// The session's next seq: apply it.
+    Next,
+    /// Applied before: the remembered answer (index 0 and no data once it
+    /// fell out of the window).
+    Duplicate(Response),
+    /// An earlier seq of the session is not applied yet: `expected` is the
+    /// one it waits for.
+    Early {
+        /// The session's next seq.
+        expected: u64,
+    },
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -75,30 +114,44 @@ struct Sessions {
 }
 
 impl Sessions {
-    /// The remembered answer to a retry, or `None` for a new command.
-    fn lookup(&self, client_id: u64, seq: u64) -> Option<Response> {
-        let c = self.clients.get(&client_id)?;
-        if let Some((index, data)) = c.answers.get(&seq) {
-            return Some(Response {
-                index: *index,
-                data: data.clone(),
-                duplicate: true,
-            });
+    /// What to do with `(client_id, seq)`.
+    fn check(&self, client_id: u64, seq: u64) -> SeqCheck {
+        let Some(c) = self.clients.get(&client_id) else {
+            return if seq == FIRST_SEQ {
+                SeqCheck::Next
+            } else {
+                SeqCheck::Early {
+                    expected: FIRST_SEQ,
+                }
+            };
+        };
+        let last = c.last_seq();
+        if seq > last {
+            // `seq > last`, so `last + 1` does not overflow.
+            let expected = last + 1;
+            return if seq == expected {
+                SeqCheck::Next
+            } else {
+                SeqCheck::Early { expected }
+            };
         }
-        // Older than the window: it was applied (or abandoned by the client,
-        // which only moves past a seq once it has an answer for it) but its
-        // answer is gone. Seqs between remembered ones are NOT assumed
-        // applied: one session's concurrent commands may commit out of order.
-        (seq < c.floor).then(|| Response {
-            index: 0,
-            data: Vec::new(),
+        // Applied before. Below the window (or, in a table written before
+        // sessions were ordered, a seq skipped then): its answer is gone.
+        let (index, data) = c.answers.get(&seq).cloned().unwrap_or_default();
+        SeqCheck::Duplicate(Response {
+            index,
+            data,
             duplicate: true,
+            out_of_order: None,
         })
     }
 
-    fn record(&mut self, client_id: u64, seq: u64, index: u64, data: &[u8]) {
+    /// Records that `(client_id, seq)`, the session's next seq, was applied
+    /// at `index` (its answer is set by [`Sessions::answer`]).
+    fn record(&mut self, client_id: u64, seq: u64, index: u64) {
+        debug_assert_eq!(self.check(client_id, seq), SeqCheck::Next);
         let c = self.clients.entry(client_id).or_default();
-        c.answers.insert(seq, (index, data.to_vec()));
+        c.answers.insert(seq, (index, Vec::new()));
         c.last_index = index;
         while c.answers.len() > SESSION_WINDOW {
             let (oldest, _) = c.answers.pop_first().expect("non-empty");
@@ -109,6 +162,17 @@ impl Sessions {
             if let Some((&victim, _)) = self.clients.iter().min_by_key(|(_, c)| c.last_index) {
                 self.clients.remove(&victim);
             }
+        }
+    }
+
+    /// Sets the answer of a recorded seq (if still remembered).
+    fn answer(&mut self, client_id: u64, seq: u64, data: &[u8]) {
+        if let Some((_, answer)) = self
+            .clients
+            .get_mut(&client_id)
+            .and_then(|c| c.answers.get_mut(&seq))
+        {
+            *answer = data.to_vec();
         }
     }
 }
@@ -229,6 +293,108 @@ fn store_file(dir: &Path, bytes: &[u8]) -> io::Result<()> {
 }
 
 impl Inner {
+    /// Applies committed entries, in log order, and returns one answer per
+    /// entry. Every new command goes to the application in one call; a
+    /// session's seq that was applied before is answered from the table, and
+    /// one that comes before its predecessor is answered out of order and
+    /// not applied (module docs).
+    fn apply_entries(&mut self, batch: &[Entry]) -> io::Result<Vec<Response>> {
+        let mut answers: Vec<Option<Response>> = Vec::with_capacity(batch.len());
+        // Commands for the application: (position in batch, index, term, command).
+        let mut fresh: Vec<(usize, u64, u64, &Command)> = Vec::new();
+        // Sessions' seqs applied in this batch -> position in `fresh`.
+        let mut in_batch: HashMap<Session, usize> = HashMap::new();
+        // Retries of a command applied in this batch: (position, position in `fresh`).
+        let mut retries: Vec<(usize, usize)> = Vec::new();
+        for (k, entry) in batch.iter().enumerate() {
+            let index = entry.log_id.index;
+            let answer = match &entry.payload {
+                EntryPayload::Normal(cmd) => match cmd.session {
+                    None => {
+                        fresh.push((k, index, crate::types::term_of(&entry.log_id), cmd));
+                        None
+                    }
+                    Some(s) => match in_batch.get(&s) {
+                        Some(&f) => {
+                            retries.push((k, f));
+                            None
+                        }
+                        None => match self.sessions.check(s.client_id, s.seq) {
+                            SeqCheck::Next => {
+                                self.sessions.record(s.client_id, s.seq, index);
+                                in_batch.insert(s, fresh.len());
+                                fresh.push((k, index, crate::types::term_of(&entry.log_id), cmd));
+                                None
+                            }
+                            SeqCheck::Duplicate(answer) => Some(answer),
+                            SeqCheck::Early { expected } => Some(Response {
+                                index,
+                                out_of_order: Some(expected),
+                                ..Response::default()
+                            }),
+                        },
+                    },
+                },
+                EntryPayload::Membership(m) => {
+                    self.membership = StoredMembership::new(Some(entry.log_id), m.clone());
+                    Some(Response {
+                        index,
+                        ..Response::default()
+                    })
+                }
+                EntryPayload::Blank => Some(Response {
+                    index,
+                    ..Response::default()
+                }),
+            };
+            answers.push(answer);
+        }
+        let applied: Vec<Applied<'_>> = fresh
+            .iter()
+            .map(|&(_, index, term, cmd)| Applied {
+                index,
+                term,
+                data: &cmd.data,
+            })
+            .collect();
+        let results = if applied.is_empty() {
+            Vec::new()
+        } else {
+            self.user.apply(&applied)
+        };
+        if results.len() != applied.len() {
+            return Err(io_err(format!(
+                "the state machine answered {} of {} commands",
+                results.len(),
+                applied.len()
+            )));
+        }
+        for (&(k, index, _, cmd), data) in fresh.iter().zip(results) {
+            if let Some(s) = cmd.session {
+                self.sessions.answer(s.client_id, s.seq, &data);
+            }
+            answers[k] = Some(Response {
+                index,
+                data,
+                ..Response::default()
+            });
+        }
+        for (k, f) in retries {
+            let original = answers[fresh[f].0].clone().expect("answered above");
+            answers[k] = Some(Response {
+                duplicate: true,
+                ..original
+            });
+        }
+        if let Some(entry) = batch.last() {
+            self.last_applied = Some(entry.log_id);
+        }
+        Ok(answers
+            .into_iter()
+            .map(|a| a.expect("every entry answered"))
+            .collect())
+    }
+
     fn build(&mut self) -> io::Result<(SnapshotMeta, Vec<u8>)> {
         let meta = SnapshotMeta {
             last_log_id: self.last_applied,
@@ -275,100 +441,17 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
     {
         let mut inner = self.inner.lock().await;
-        // Gather the batch, then hand the application every new command at
-        // once.
         let mut batch = Vec::new();
+        let mut responders = Vec::new();
         while let Some((entry, responder)) = entries.try_next().await? {
-            batch.push((entry, responder));
+            batch.push(entry);
+            responders.push(responder);
         }
-        let mut answers: Vec<Option<Response>> = Vec::with_capacity(batch.len());
-        let mut fresh: Vec<(usize, (u64, u64), &Command)> = Vec::new();
-        for (k, (entry, _)) in batch.iter().enumerate() {
-            match &entry.payload {
-                EntryPayload::Normal(cmd) => {
-                    let dup = cmd
-                        .session
-                        .and_then(|s| inner.sessions.lookup(s.client_id, s.seq));
-                    if dup.is_none() {
-                        fresh.push((
-                            k,
-                            (entry.log_id.index, crate::types::term_of(&entry.log_id)),
-                            cmd,
-                        ));
-                    }
-                    answers.push(dup);
-                }
-                EntryPayload::Membership(m) => {
-                    inner.membership = StoredMembership::new(Some(entry.log_id), m.clone());
-                    answers.push(Some(Response {
-                        index: entry.log_id.index,
-                        ..Response::default()
-                    }));
-                }
-                EntryPayload::Blank => answers.push(Some(Response {
-                    index: entry.log_id.index,
-                    ..Response::default()
-                })),
-            }
-        }
-        // A retry may sit in the same batch as its original: apply only the
-        // first of each (client, seq).
-        let mut seen = std::collections::HashSet::new();
-        let mut to_apply = Vec::new();
-        for (k, index, cmd) in fresh {
-            match cmd.session {
-                Some(s) if !seen.insert((s.client_id, s.seq)) => {}
-                _ => to_apply.push((k, index, cmd)),
-            }
-        }
-        let applied: Vec<Applied<'_>> = to_apply
-            .iter()
-            .map(|(_, (index, term), cmd)| Applied {
-                index: *index,
-                term: *term,
-                data: &cmd.data,
-            })
-            .collect();
-        let results = if applied.is_empty() {
-            Vec::new()
-        } else {
-            inner.user.apply(&applied)
-        };
-        if results.len() != applied.len() {
-            return Err(io_err(format!(
-                "the state machine answered {} of {} commands",
-                results.len(),
-                applied.len()
-            )));
-        }
-        for ((k, (index, _), cmd), data) in to_apply.iter().zip(results) {
-            if let Some(s) = cmd.session {
-                inner.sessions.record(s.client_id, s.seq, *index, &data);
-            }
-            answers[*k] = Some(Response {
-                index: *index,
-                data,
-                duplicate: false,
-            });
-        }
-        for (k, (entry, _)) in batch.iter().enumerate() {
-            if answers[k].is_none() {
-                // The duplicate inside this batch: answer from the table now.
-                if let EntryPayload::Normal(Command {
-                    session: Some(s), ..
-                }) = &entry.payload
-                {
-                    answers[k] = inner.sessions.lookup(s.client_id, s.seq);
-                }
-            }
-        }
-        if let Some((entry, _)) = batch.last() {
-            inner.last_applied = Some(entry.log_id);
-        }
+        let answers = inner.apply_entries(&batch)?;
         drop(inner);
-        for ((_, responder), answer) in batch.into_iter().zip(answers) {
+        for (responder, answer) in responders.into_iter().zip(answers) {
             if let Some(responder) = responder {
-                responder.send(answer.unwrap_or_default());
+                responder.send(answer);
             }
         }
         Ok(())
@@ -411,39 +494,152 @@ impl RaftStateMachine<TypeConfig> for SmStore {
 mod tests {
     use super::*;
 
-    #[test]
-    fn sessions_answer_retries_and_forget_old_ones() {
-        let mut s = Sessions::default();
-        assert!(s.lookup(1, 1).is_none());
-        s.record(1, 1, 10, b"a");
-        s.record(1, 2, 11, b"b");
-        assert_eq!(
-            s.lookup(1, 1).unwrap(),
-            Response {
-                index: 10,
-                data: b"a".to_vec(),
-                duplicate: true
-            }
-        );
-        assert!(s.lookup(1, 3).is_none());
-        assert!(s.lookup(2, 1).is_none());
-        for seq in 3..(3 + SESSION_WINDOW as u64) {
-            s.record(1, seq, 100 + seq, b"x");
-        }
-        // seq 1 and 2 fell out of the window: still known as applied.
-        let old = s.lookup(1, 1).unwrap();
-        assert!(old.duplicate && old.index == 0);
+    fn dup(index: u64, data: &[u8]) -> SeqCheck {
+        SeqCheck::Duplicate(Response {
+            index,
+            data: data.to_vec(),
+            duplicate: true,
+            out_of_order: None,
+        })
+    }
+
+    fn record(s: &mut Sessions, client_id: u64, seq: u64, index: u64, data: &[u8]) {
+        s.record(client_id, seq, index);
+        s.answer(client_id, seq, data);
     }
 
     #[test]
-    fn sessions_apply_one_clients_concurrent_commands_out_of_order() {
+    fn sessions_answer_retries_and_forget_old_ones() {
         let mut s = Sessions::default();
-        // seq 5 committed before seq 4 (two proposals in flight at once):
-        // seq 4 must still apply when it arrives.
-        s.record(7, 5, 20, b"five");
-        assert!(s.lookup(7, 4).is_none());
-        s.record(7, 4, 21, b"four");
-        assert_eq!(s.lookup(7, 4).unwrap().index, 21);
-        assert_eq!(s.lookup(7, 5).unwrap().index, 20);
+        assert_eq!(s.check(1, 1), SeqCheck::Next);
+        record(&mut s, 1, 1, 10, b"a");
+        record(&mut s, 1, 2, 11, b"b");
+        assert_eq!(s.check(1, 1), dup(10, b"a"));
+        assert_eq!(s.check(1, 3), SeqCheck::Next);
+        assert_eq!(s.check(2, 1), SeqCheck::Next);
+        for seq in 3..(3 + SESSION_WINDOW as u64) {
+            record(&mut s, 1, seq, 100 + seq, b"x");
+        }
+        // seq 1 and 2 fell out of the window: still known as applied.
+        assert_eq!(s.check(1, 1), dup(0, b""));
+        assert_eq!(s.check(1, 2), dup(0, b""));
+        assert_eq!(
+            s.check(1, 2 + SESSION_WINDOW as u64),
+            dup(102 + SESSION_WINDOW as u64, b"x")
+        );
+    }
+
+    /// Issue 10, item 3: one client's commands used to be applied in
+    /// whatever order they reached the log (this test asserted that seq 4
+    /// still applied after seq 5). A seq is now applied only right after its
+    /// predecessor; an early one is refused with the seq the session waits
+    /// for, and applies once its turn comes.
+    #[test]
+    fn a_sessions_seq_that_comes_early_waits_for_its_predecessor() {
+        let mut s = Sessions::default();
+        assert_eq!(s.check(7, 2), SeqCheck::Early { expected: 1 });
+        assert_eq!(s.check(7, 0), SeqCheck::Early { expected: 1 });
+        record(&mut s, 7, 1, 20, b"one");
+        assert_eq!(s.check(7, 3), SeqCheck::Early { expected: 2 });
+        assert_eq!(s.check(7, 2), SeqCheck::Next);
+        record(&mut s, 7, 2, 22, b"two");
+        assert_eq!(s.check(7, 3), SeqCheck::Next);
+        assert_eq!(s.check(7, 1), dup(20, b"one"));
+    }
+
+    /// (index, command) in apply order.
+    type AppliedCommands = Arc<std::sync::Mutex<Vec<(u64, Vec<u8>)>>>;
+
+    /// A state machine that records what it applied.
+    #[derive(Default)]
+    struct Log(AppliedCommands);
+    impl StateMachine for Log {
+        fn apply(&mut self, batch: &[Applied<'_>]) -> Vec<Vec<u8>> {
+            let mut log = self.0.lock().unwrap();
+            batch
+                .iter()
+                .map(|a| {
+                    log.push((a.index, a.data.to_vec()));
+                    format!("applied {}", a.index).into_bytes()
+                })
+                .collect()
+        }
+        fn snapshot(&self) -> Vec<u8> {
+            Vec::new()
+        }
+        fn restore(&mut self, _: &[u8]) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    fn entry(index: u64, client_id: u64, seq: u64) -> Entry {
+        Entry {
+            log_id: crate::types::log_id(1, index),
+            payload: EntryPayload::Normal(Command {
+                session: Some(Session { client_id, seq }),
+                data: format!("seq {seq}").into_bytes(),
+            }),
+        }
+    }
+
+    /// Issue 10, item 3: the log holds seq 2 before seq 1 (two leaders, or a
+    /// retry through another node), then seq 1, then seq 3 early again, the
+    /// retry of seq 2, seq 3, and retries of seq 1 and 2: the application
+    /// sees seq 1, 2, 3 in that order, once each.
+    #[test]
+    fn entries_apply_in_seq_order_whatever_order_they_reach_the_log() {
+        let log = Log::default();
+        let applied = log.0.clone();
+        let sm = SmStore::open(Box::new(log), None).unwrap();
+        let mut inner = sm.inner.try_lock().unwrap();
+        let first = inner
+            .apply_entries(&[entry(1, 9, 2), entry(2, 9, 1)])
+            .unwrap();
+        assert_eq!(first[0].out_of_order, Some(1), "{}", first[0]);
+        assert_eq!(first[0].index, 1);
+        assert_eq!(
+            (first[1].index, first[1].out_of_order, first[1].duplicate),
+            (2, None, false)
+        );
+        let second = inner
+            .apply_entries(&[
+                entry(3, 9, 3),
+                entry(4, 9, 2),
+                entry(5, 9, 3),
+                entry(6, 9, 1),
+                entry(7, 9, 2),
+            ])
+            .unwrap();
+        let outcome: Vec<(u64, Option<u64>, bool, Vec<u8>)> = second
+            .into_iter()
+            .map(|r| (r.index, r.out_of_order, r.duplicate, r.data))
+            .collect();
+        assert_eq!(
+            outcome,
+            vec![
+                (3, Some(2), false, vec![]),
+                (4, None, false, b"applied 4".to_vec()),
+                (5, None, false, b"applied 5".to_vec()),
+                (2, None, true, b"applied 2".to_vec()),
+                (4, None, true, b"applied 4".to_vec()),
+            ]
+        );
+        assert_eq!(
+            *applied.lock().unwrap(),
+            vec![
+                (2, b"seq 1".to_vec()),
+                (4, b"seq 2".to_vec()),
+                (5, b"seq 3".to_vec())
+            ]
+        );
+        // A retry in the same batch as its original gets the original's answer.
+        let third = inner
+            .apply_entries(&[entry(8, 9, 4), entry(9, 9, 4)])
+            .unwrap();
+        assert_eq!((third[0].index, third[0].duplicate), (8, false));
+        assert_eq!((third[1].index, third[1].duplicate), (8, true));
+        assert_eq!(third[1].data, b"applied 8");
+        assert_eq!(applied.lock().unwrap().len(), 4);
+        assert_eq!(inner.last_applied, Some(crate::types::log_id(1, 9)));
     }
 }

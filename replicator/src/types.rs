@@ -3,16 +3,26 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A client session for exactly-once appends: a retry carries the same
-/// `(client_id, seq)` and is answered with the original result instead of
-/// being applied again (Ongaro's dissertation §6.3).
+/// A client session for exactly-once, ordered appends: a retry carries the
+/// same `(client_id, seq)` and is answered with the original result instead
+/// of being applied again (Ongaro's dissertation §6.3), and a session's
+/// commands are applied in `seq` order, like the records of Kafka's
+/// idempotent producer: seq `n + 1` is applied only right after seq `n`.
+/// One that reaches the log before its predecessor was applied (several in
+/// flight, a retry through another leader) is not applied: its proposer
+/// gets [`NodeError::OutOfOrder`](crate::NodeError::OutOfOrder) and retries
+/// it once the earlier ones are acknowledged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Session {
     /// The client's id, chosen at random by the client.
     pub client_id: u64,
-    /// The request's number within the session; strictly increasing.
+    /// The command's number within the session: consecutive, from
+    /// [`FIRST_SEQ`].
     pub seq: u64,
 }
+
+/// The first sequence number of a session.
+pub const FIRST_SEQ: u64 = 1;
 
 /// What a proposal puts into the log.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,6 +61,12 @@ pub struct Response {
     pub data: Vec<u8>,
     /// True when this was a retry answered from the session table.
     pub duplicate: bool,
+    /// `Some(expected)` when the command was NOT applied because it came
+    /// before its session's seq `expected` was applied (see [`Session`]);
+    /// `index` is then the log entry that carried it. The node's API turns
+    /// this into [`NodeError::OutOfOrder`](crate::NodeError::OutOfOrder):
+    /// callers of [`Node`](crate::Node) never see it set.
+    pub out_of_order: Option<u64>,
 }
 
 impl std::fmt::Display for Response {
@@ -60,7 +76,11 @@ impl std::fmt::Display for Response {
             "response(index {}, {} B{})",
             self.index,
             self.data.len(),
-            if self.duplicate { ", duplicate" } else { "" }
+            match (self.duplicate, self.out_of_order) {
+                (_, Some(expected)) => format!(", out of order: seq {expected} first"),
+                (true, None) => ", duplicate".to_string(),
+                (false, None) => String::new(),
+            }
         )
     }
 }

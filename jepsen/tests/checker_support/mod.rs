@@ -53,6 +53,39 @@ impl History {
         self
     }
 
+    /// An append by `process`, sent by `client` at `seq` of its send order,
+    /// invoked at `t0`, acknowledged at `t1` with `index`.
+    pub fn client_append_ok(
+        &mut self,
+        process: u64,
+        (client, seq): (u64, u64),
+        data: &str,
+        index: u64,
+        (t0, t1): (u64, u64),
+    ) -> &mut Self {
+        self.push(Event::append_invoke(t0, process, data).in_client(client, seq));
+        self.push(
+            Event::append_completion(t1, process, EventType::Ok, data, Some(index))
+                .in_client(client, seq),
+        );
+        self
+    }
+
+    /// An append sent by `client` at `seq` of its send order that ended
+    /// `fail` or `info` at `t1`.
+    pub fn client_append_ended(
+        &mut self,
+        process: u64,
+        (client, seq): (u64, u64),
+        data: &str,
+        kind: EventType,
+        (t0, t1): (u64, u64),
+    ) -> &mut Self {
+        self.push(Event::append_invoke(t0, process, data).in_client(client, seq));
+        self.push(Event::append_completion(t1, process, kind, data, None).in_client(client, seq));
+        self
+    }
+
     /// An append invoked and never completed.
     pub fn append_pending(&mut self, process: u64, data: &str, t0: u64) -> &mut Self {
         self.push(Event::append_invoke(t0, process, data));
