@@ -6,6 +6,8 @@
 //! (`ringraft-wal`), over any `ringraft-transport` fabric.
 //!
 //! - [`types`]: the openraft type configuration, commands and responses;
+//! - [`admission`]: backpressure: proposals wait for room in the ring before
+//!   they reach openraft;
 //! - [`log_store`]: openraft's log storage over the ring (local appends,
 //!   adoption in place, durability modes, revocation on term change);
 //! - [`state_machine`]: the application's [`StateMachine`] with client
@@ -17,6 +19,7 @@
 //! - [`fencing`]: registrations, revocation and the node's own fence;
 //! - [`node`]: the embedding API ([`NodeBuilder`], [`Node`]).
 
+pub mod admission;
 pub mod fencing;
 pub mod log_store;
 pub mod metrics;
