@@ -32,6 +32,8 @@ pub struct ServerCtx {
     pub store: LogStore,
     /// This node's ring registrations.
     pub ring: Arc<FencedRing>,
+    /// Admission by free ring space, in front of forwarded proposals.
+    pub admission: crate::admission::Admission,
 }
 
 /// Serves `listener` until it closes.
@@ -188,11 +190,16 @@ async fn propose(ctx: &ServerCtx, commands: Vec<crate::types::Command>) -> Reply
     if commands.len() > crate::protocol::MAX_FORWARDED_COMMANDS {
         return Reply::Error(format!("{} commands in one forward", commands.len()));
     }
+    // Backpressure (crate::admission): room in this leader's ring first.
+    let admitted = match ctx.admission.admit(&commands).await {
+        Ok(admitted) => admitted,
+        Err(e) => return Reply::Proposed(vec![Err(e.to_string()); commands.len()]),
+    };
     let writes = commands.into_iter().map(|c| {
         let raft = ctx.raft.clone();
         async move { raft.client_write(c).await }
     });
-    let results = futures::future::join_all(writes).await;
+    let results = admitted.during(futures::future::join_all(writes)).await;
     let mut answers = Vec::with_capacity(results.len());
     for result in results {
         match result {
