@@ -294,6 +294,7 @@ impl Cluster {
                 Err(
                     e @ (NodeError::NotLeader { .. }
                     | NodeError::Unknown(_)
+                    | NodeError::Busy(_)
                     | NodeError::Stopped(_)),
                 ) if tokio::time::Instant::now() < deadline => {
                     tracing::debug!(error = %e, "proposal retried");

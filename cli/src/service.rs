@@ -66,6 +66,9 @@ pub fn status(e: NodeError) -> Status {
         NodeError::Timeout(m) => Status::deadline_exceeded(m),
         NodeError::Stopped(m) => Status::unavailable(format!("node stopping: {m}")),
         NodeError::Config(m) => Status::invalid_argument(m),
+        // Backpressure: nothing was proposed; the client retries.
+        NodeError::Busy(m) => Status::unavailable(m),
+        NodeError::TooLarge(m) => Status::invalid_argument(m),
         NodeError::Storage(m) | NodeError::Fabric(m) | NodeError::Raft(m) => Status::internal(m),
         // Retryable: the earlier seqs are on their way (or being retried).
         e @ NodeError::OutOfOrder { .. } => Status::aborted(e.to_string()),
@@ -348,5 +351,22 @@ impl Log for LogService {
         }
         self.node.transfer_leader(to).await.map_err(status)?;
         Ok(Response::new(TransferLeaderResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 10, item 2: a full ring's "busy" reaches clients as a status
+    /// they retry (nothing was appended); a record that can never fit does
+    /// not.
+    #[test]
+    fn busy_is_retryable_and_too_large_is_not() {
+        let busy = status(NodeError::Busy("busy: the ring had no room".into()));
+        assert_eq!(busy.code(), tonic::Code::Unavailable);
+        assert!(busy.message().starts_with("busy"), "{}", busy.message());
+        let large = status(NodeError::TooLarge("a command of 9 bytes".into()));
+        assert_eq!(large.code(), tonic::Code::InvalidArgument);
     }
 }

@@ -6,6 +6,8 @@
 //! (`ringraft-wal`), over any `ringraft-transport` fabric.
 //!
 //! - [`types`]: the openraft type configuration, commands and responses;
+//! - [`admission`]: backpressure: proposals wait for room in the ring before
+//!   they reach openraft;
 //! - [`log_store`]: openraft's log storage over the ring (local appends,
 //!   adoption in place, durability modes, revocation on term change);
 //! - [`state_machine`]: the application's [`StateMachine`] with client
@@ -18,6 +20,7 @@
 //! - [`hooks`]: points where a test holds a node to script an interleaving;
 //! - [`node`]: the embedding API ([`NodeBuilder`], [`Node`]).
 
+pub mod admission;
 pub mod fencing;
 pub mod hooks;
 pub mod log_store;

@@ -25,7 +25,6 @@ use std::fmt::Debug;
 use std::io;
 use std::ops::RangeBounds;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use futures::future::BoxFuture;
 use openraft::OptionalSend;
@@ -35,10 +34,6 @@ use ringraft_wal::{
 };
 
 use crate::types::{Entry, LogId, TypeConfig, Vote, log_id, term_of};
-
-/// How long an append waits for room in a full ring (a purge) before it
-/// fails.
-pub const RING_FULL_WAIT: Duration = Duration::from_secs(30);
 
 /// When an entry counts as stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -539,17 +534,26 @@ impl LogStore {
                 payload: p,
             })
             .collect();
-        let deadline = tokio::time::Instant::now() + RING_FULL_WAIT;
-        loop {
-            let result = self.wal().ring_mut().append(epoch, &refs);
-            match result {
-                Ok(_) => return Ok(()),
-                Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
-                    tracing::debug!(error = %e, "ring full; waiting for a purge");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(e) => return Err(io_err(e)),
+        // No waiting for room here: openraft's core task awaits this append,
+        // and the purge that would free room is a command of that same task.
+        // Room is kept before entries reach openraft: by admission for a
+        // leader's proposals (`crate::admission`, which also keeps a reserve
+        // for openraft's own entries), by the leader's flow control for a
+        // follower's ring. A full ring here means one of those broke; it is
+        // an error (fatal to openraft) that says so, not a panic, because a
+        // follower's two-sided batch comes from a peer that may be faulty.
+        let result = self.wal().ring_mut().append(epoch, &refs);
+        match result {
+            Ok(_) => Ok(()),
+            Err(e @ WalError::RingFull { .. }) => {
+                tracing::error!(error = %e, "ring full on append: admission or flow control broke");
+                Err(io_err(format!(
+                    "{e}: no room for entries openraft appended; admission (a leader's \
+                     proposals) or the leader's flow control (a follower's ring) should have \
+                     kept it: a bug"
+                )))
             }
+            Err(e) => Err(io_err(e)),
         }
     }
 

@@ -587,7 +587,11 @@ impl PeerNet {
         let deadline = tokio::time::Instant::now() + RING_FULL_WAIT;
         let mut backoff = Duration::from_millis(1);
         // The head and the tail were checked (the tail is at most
-        // MAX_PEER_LSN): `head + capacity` does not overflow.
+        // MAX_PEER_LSN): `head + capacity` does not overflow. The follower
+        // keeps RAFT_RESERVE_BYTES of its ring for the entries openraft
+        // writes itself (were it elected with a ring filled to the brim,
+        // it could not append its blank entry: item 2 of issue 10).
+        let end_lsn = end_lsn.saturating_add(crate::admission::RAFT_RESERVE_BYTES);
         loop {
             if end_lsn <= view.tail.head_lsn + view.capacity {
                 return Ok(());
@@ -613,7 +617,7 @@ impl PeerNet {
             }
             if tokio::time::Instant::now() > deadline {
                 return Err(Failure::Unreachable(format!(
-                    "node {}'s ring is full (head {}, need up to {end_lsn})",
+                    "node {}'s ring is full (head {}, need up to {end_lsn} with the reserve)",
                     self.target, view.tail.head_lsn
                 )));
             }

@@ -29,6 +29,7 @@ use openraft::{ChangeMembers, ReadPolicy, SnapshotPolicy};
 use ringraft_transport::{ConnConfig, Device, DeviceConfig, DeviceLimits, Secret};
 use ringraft_wal::{RingConfig, Wal};
 
+use crate::admission::{Admission, AdmissionError};
 use crate::fencing::{FencedRing, NodeGuard};
 use crate::log_store::{Durability, LogStore};
 use crate::metrics::Metrics;
@@ -93,8 +94,13 @@ pub struct NodeConfig {
     pub heartbeat_ms: u64,
     /// Take a snapshot every this many entries.
     pub snapshot_every_entries: u64,
-    /// Entries kept in the log behind the last snapshot.
+    /// Entries kept in the log behind the last snapshot (while the ring
+    /// has room: under pressure the log is purged up to the snapshot).
     pub keep_after_snapshot: u64,
+    /// How long a proposal waits for room in a full ring before it is
+    /// refused with [`NodeError::Busy`], milliseconds (below the forwarding
+    /// timeout, 10 × the largest election timeout). See [`crate::admission`].
+    pub admission_wait_ms: u64,
     /// Queue pair parameters of every connection.
     pub conn: ConnConfig,
 }
@@ -117,6 +123,7 @@ impl NodeConfig {
             heartbeat_ms: 50,
             snapshot_every_entries: 10_000,
             keep_after_snapshot: 100,
+            admission_wait_ms: 1000,
             conn: ConnConfig {
                 max_message_bytes: MAX_MESSAGE_BYTES,
                 ..ConnConfig::default()
@@ -187,6 +194,25 @@ pub enum NodeError {
         /// The seq the session waits for.
         expected: u64,
     },
+    /// The ring stayed full for the whole admission wait: nothing was
+    /// proposed; retry later (backpressure, see [`crate::admission`]).
+    #[error("{0}")]
+    Busy(String),
+    /// The proposal can never fit the ring (a command above the largest
+    /// record, or too many at once).
+    #[error("{0}")]
+    TooLarge(String),
+}
+
+impl From<AdmissionError> for NodeError {
+    fn from(e: AdmissionError) -> NodeError {
+        match e {
+            AdmissionError::Busy { .. } => NodeError::Busy(e.to_string()),
+            AdmissionError::RecordTooLarge { .. } | AdmissionError::BatchTooLarge { .. } => {
+                NodeError::TooLarge(e.to_string())
+            }
+        }
+    }
 }
 
 /// Builds and starts a [`Node`].
@@ -250,6 +276,14 @@ impl NodeBuilder {
                 .map_err(|e| NodeError::Config(e.to_string()))?;
         let sm = state_machine.ok_or_else(|| NodeError::Config("no state machine".into()))?;
         config.conn.validate().map_err(NodeError::Config)?;
+        let forward_timeout_ms = config.election_timeout_ms.1.saturating_mul(10);
+        if config.admission_wait_ms >= forward_timeout_ms {
+            return Err(NodeError::Config(format!(
+                "admission_wait_ms {} must be below the forwarding timeout, 10 x the largest \
+                 election timeout ({forward_timeout_ms} ms)",
+                config.admission_wait_ms
+            )));
+        }
         let device_config = DeviceConfig {
             node_id: config.id,
             secret,
@@ -296,6 +330,13 @@ impl NodeBuilder {
         );
         let store = LogStore::new(wal, config.id, config.durability, Arc::new(guard.clone()));
         guard.bind(&store);
+        let admission = Admission::new(
+            Arc::new(store.clone()),
+            capacity,
+            config.max_record_bytes,
+            Duration::from_millis(config.admission_wait_ms),
+        )
+        .map_err(NodeError::Config)?;
         ring.keep_alive(store.clone());
         let sm_store = SmStore::open(sm, Some(&config.data_dir))
             .map_err(|e| NodeError::Storage(e.to_string()))?;
@@ -371,9 +412,14 @@ impl NodeBuilder {
                 store: store.clone(),
                 ring: ring.clone(),
                 hooks,
+                admission: admission.clone(),
             }),
         );
-        let pressure = tokio::spawn(relieve_ring_pressure(raft.clone(), store.clone()));
+        let pressure = tokio::spawn(relieve_ring_pressure(
+            raft.clone(),
+            store.clone(),
+            admission.clone(),
+        ));
         let mut tasks = vec![server, pressure];
         if store.votes_blocked() {
             // DESIGN.md, recovery: a node that forgot entries inside its log
@@ -399,6 +445,7 @@ impl NodeBuilder {
                 device,
                 raft,
                 store,
+                admission,
                 sm: sm_store,
                 ring,
                 guard,
@@ -432,23 +479,101 @@ fn accept_members_of(cluster_id: u64, hello: Vec<u8>) -> ringraft_transport::Acc
     })
 }
 
-/// Triggers a snapshot (and so a purge) when the ring fills past half, so
-/// that a writer never waits long for room.
-async fn relieve_ring_pressure(raft: Raft, store: LogStore) {
-    let mut last_trigger: Option<Instant> = None;
+/// How often ring pressure is checked when openraft reports nothing.
+const PRESSURE_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Keeps room in the ring, so that admission ([`crate::admission`]) lets
+/// proposals in again:
+/// - wakes the admission waiters at every change openraft reports (a
+///   purge, a snapshot installed, a truncation may have freed space);
+/// - under pressure (the ring more than half full, or proposals waiting for
+///   room) asks for a snapshot when the entries applied since the last one
+///   fill a quarter of the ring, and then for a purge up to the snapshot.
+///
+/// The purge is asked with `trigger().purge_log`, which does not keep
+/// `keep_after_snapshot` entries: entries kept behind a snapshot must not
+/// hold the ring full (100 entries of 1 MiB do not fit a 64 MiB ring).
+/// openraft postpones a leader's purge while a replication stream still
+/// uses the entries, and tries again at every replication progress: a
+/// stopped follower's stream fails at each retry (every backoff period),
+/// the purge goes through then, and that follower is sent a snapshot from
+/// then on. A follower that is alive but slower than the writers paces
+/// them while its stream uses the entries.
+async fn relieve_ring_pressure(raft: Raft, store: LogStore, admission: Admission) {
+    use openraft::async_runtime::WatchReceiver;
+    let mut metrics = raft.metrics();
+    // What was last asked for: a snapshot (the applied index and the last
+    // snapshot's index then), a purge (up to which index).
+    let mut snapshot_asked: Option<(u64, Option<u64>)> = None;
+    let mut purge_asked: Option<u64> = None;
     loop {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let (used, capacity) = store.with_wal(|w| {
+        tokio::select! {
+            changed = metrics.changed() => if changed.is_err() {
+                return;
+            },
+            () = tokio::time::sleep(PRESSURE_CHECK_INTERVAL) => {}
+        }
+        admission.space_freed();
+        let (used, capacity, first_index, next_index) = store.with_wal(|w| {
             let r = w.ring();
-            (r.tail_lsn() - r.head_lsn(), r.geometry().capacity)
+            (
+                r.tail_lsn() - r.head_lsn(),
+                r.geometry().capacity,
+                r.first_index(),
+                r.next_index(),
+            )
         });
-        if used * 2 > capacity && last_trigger.is_none_or(|t| t.elapsed() > Duration::from_secs(1))
+        if used * 2 <= capacity && admission.waiting() == 0 {
+            continue;
+        }
+        let (applied, snapshot) = {
+            let m = metrics.borrow_watched();
+            (
+                m.last_applied.as_ref().map(|l| l.index),
+                m.snapshot.as_ref().map(|l| l.index),
+            )
+        };
+        let Some(applied) = applied else { continue };
+        // Entries since the last snapshot, at the ring's mean record size.
+        let entries = next_index.saturating_sub(first_index).max(1);
+        let unsnapshotted = applied.saturating_sub(snapshot.unwrap_or(0).max(first_index));
+        // The one asked for is built, or another was (openraft ignores an
+        // ask while it builds one): ask again if still needed.
+        let snapshot_done = snapshot_asked.is_none_or(|(applied_then, snapshot_then)| {
+            snapshot >= Some(applied_then) || snapshot != snapshot_then
+        });
+        if snapshot_done
+            && unsnapshotted
+                .saturating_mul(used / entries)
+                .saturating_mul(4)
+                >= capacity
         {
-            tracing::debug!(used, capacity, "ring half full: snapshot to purge");
+            tracing::debug!(
+                used,
+                capacity,
+                applied,
+                ?snapshot,
+                "ring pressure: snapshot"
+            );
             if raft.trigger().snapshot().await.is_err() {
                 return;
             }
-            last_trigger = Some(Instant::now());
+            snapshot_asked = Some((applied, snapshot));
+        }
+        if let Some(snapshot) = snapshot
+            && snapshot >= first_index
+            && purge_asked < Some(snapshot)
+        {
+            tracing::debug!(
+                used,
+                capacity,
+                snapshot,
+                "ring pressure: purge to the snapshot"
+            );
+            if raft.trigger().purge_log(snapshot).await.is_err() {
+                return;
+            }
+            purge_asked = Some(snapshot);
         }
     }
 }
@@ -466,6 +591,7 @@ struct Inner {
     device: Device,
     raft: Raft,
     store: LogStore,
+    admission: Admission,
     sm: SmStore,
     ring: Arc<FencedRing>,
     guard: NodeGuard,
@@ -529,19 +655,30 @@ pub struct Status {
 /// `ForwardToLeader`.
 pub(crate) async fn propose_here(
     raft: &Raft,
+    admission: &crate::admission::Admission,
     commands: Vec<Command>,
-) -> Result<Vec<Result<Response, ClientWriteError<TypeConfig>>>, openraft::error::Fatal<TypeConfig>>
-{
+) -> Result<Vec<Result<Response, ClientWriteError<TypeConfig>>>, NodeError> {
     use futures::TryStreamExt;
     let count = commands.len();
     if count == 0 {
         return Ok(Vec::new());
     }
-    let mut answers = raft.client_write_many(commands).await?;
-    let mut results = Vec::with_capacity(count);
-    while let Some(result) = answers.try_next().await? {
-        results.push(result.map(|written| written.response));
-    }
+    // Backpressure (crate::admission): room in this node's ring first, held
+    // until openraft has answered the whole batch.
+    let admitted = admission.admit(&commands).await?;
+    let raft = raft.clone();
+    let write = async move {
+        let mut answers = raft.client_write_many(commands).await?;
+        let mut results = Vec::with_capacity(count);
+        while let Some(result) = answers.try_next().await? {
+            results.push(result.map(|written| written.response));
+        }
+        Ok::<_, openraft::error::Fatal<TypeConfig>>(results)
+    };
+    let results = admitted
+        .during(write)
+        .await
+        .map_err(|fatal| NodeError::Stopped(fatal.to_string()))?;
     assert_eq!(
         results.len(),
         count,
@@ -639,6 +776,11 @@ impl Node {
         &self.inner.store
     }
 
+    /// The admission gate in front of this node's proposals.
+    pub fn admission(&self) -> &Admission {
+        &self.inner.admission
+    }
+
     /// Data-plane metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
@@ -685,6 +827,9 @@ impl Node {
     /// its index and the state machine's answer. Concurrent proposals are
     /// batched by openraft. On a follower the proposal is forwarded to the
     /// leader; [`NodeError::NotLeader`] only when no leader can be reached.
+    /// A full ring makes it wait for room ([`crate::admission`]); after
+    /// [`NodeConfig::admission_wait_ms`] it fails with [`NodeError::Busy`]
+    /// (nothing was proposed: retry).
     pub async fn propose(&self, data: Vec<u8>) -> Result<(u64, Vec<u8>), NodeError> {
         let r = self.propose_batch(None, vec![data]).await?;
         let r = r.into_iter().next().expect("one answer per record");
@@ -769,9 +914,8 @@ impl Node {
         let mut last_error = None;
         for _attempt in 0..FORWARD_ATTEMPTS {
             let rest = &commands[answered.len()..];
-            let results = propose_here(&self.inner.raft, rest.to_vec())
-                .await
-                .map_err(|f| NodeError::Stopped(f.to_string()))?;
+            let results =
+                propose_here(&self.inner.raft, &self.inner.admission, rest.to_vec()).await?;
             let forward = match results.first() {
                 Some(Err(ClientWriteError::ForwardToLeader(f))) => f.clone(),
                 _ => {

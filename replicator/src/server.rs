@@ -34,6 +34,8 @@ pub struct ServerCtx {
     pub ring: Arc<FencedRing>,
     /// Test hooks, if the node was built with them.
     pub hooks: Option<crate::hooks::Hooks>,
+    /// Admission by free ring space, in front of forwarded proposals.
+    pub admission: crate::admission::Admission,
 }
 
 /// Names accepted connections (a prepared adoption belongs to one).
@@ -221,8 +223,11 @@ async fn propose(ctx: &ServerCtx, commands: Vec<crate::types::Command>) -> Reply
     if commands.len() > crate::protocol::MAX_FORWARDED_COMMANDS {
         return Reply::Error(format!("{} commands in one forward", commands.len()));
     }
-    match crate::node::propose_here(&ctx.raft, commands).await {
-        Err(fatal) => Reply::Error(fatal.to_string()),
+    let count = commands.len();
+    match crate::node::propose_here(&ctx.raft, &ctx.admission, commands).await {
+        Err(stopped @ crate::NodeError::Stopped(_)) => Reply::Error(stopped.to_string()),
+        // Busy or too large (admission): nothing was proposed.
+        Err(refused) => Reply::Proposed(vec![Err(refused.to_string()); count]),
         Ok(results) => match results.first() {
             Some(Err(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
                 Reply::NotLeader(f.leader_id)
