@@ -18,7 +18,7 @@
 //! [`crate::ring`] runs this scan when it opens a ring, and
 //! [`crate::check`] runs it offline. No I/O here.
 
-use crate::layout::{Epoch, LINE_BYTES};
+use crate::layout::{Epoch, LINE_BYTES, MAX_LSN};
 use crate::record::{RECORD_HEADER_BYTES, RecordKind};
 use crate::validate::{
     ChainTip, Check, Geometry, Invalid, LogPos, validate_at, validate_header, validate_payload,
@@ -126,6 +126,12 @@ impl ScanReport {
 }
 
 /// Scans `area` (the whole data area) from `input.start_lsn`.
+///
+/// # Panics
+/// When `area` is not the whole data area, or the purge point is not a log
+/// position (`start_lsn` line aligned and at most [`MAX_LSN`], the anchor's
+/// index at most [`crate::layout::MAX_INDEX`]): the callers check the
+/// values they read from files ([`crate::PurgePoint::check`]) first.
 pub fn scan(area: &[u8], input: ScanInput) -> ScanReport {
     let geometry = input.geometry;
     assert_eq!(
@@ -133,8 +139,13 @@ pub fn scan(area: &[u8], input: ScanInput) -> ScanReport {
         geometry.capacity,
         "area is the whole data area"
     );
+    assert!(
+        input.start_lsn.is_multiple_of(LINE_BYTES as u64) && input.start_lsn <= MAX_LSN,
+        "scan from {}, which is no log position",
+        input.start_lsn
+    );
     let check = Check::Recovery { fence: input.fence };
-    let limit_lsn = input.start_lsn + geometry.capacity;
+    let limit_lsn = geometry.window_end(input.start_lsn);
     let mut entries = Vec::new();
     let mut tip = ChainTip::after(input.anchor);
     let mut lsn = input.start_lsn;
@@ -304,7 +315,7 @@ mod tests {
         term: u64,
         n: u64,
     ) -> RecordEncoder {
-        let mut enc = RecordEncoder::new(CAP, lsn, tip, e);
+        let mut enc = RecordEncoder::new(CAP, lsn, tip, e).unwrap();
         for i in 0..n {
             let payload = vec![i as u8; (i * 37 % 300) as usize];
             enc.push(
@@ -503,7 +514,7 @@ mod tests {
         let e = epoch(1, 1);
         let mut area = Area(vec![0; CAP as usize]);
         // 64-byte records (empty payloads) fill the whole area exactly.
-        let mut enc = RecordEncoder::new(CAP, 0, ChainTip::default(), e);
+        let mut enc = RecordEncoder::new(CAP, 0, ChainTip::default(), e).unwrap();
         for i in 0..CAP / 64 {
             enc.push(
                 &mut area,
