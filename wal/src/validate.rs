@@ -469,32 +469,36 @@ fn check_epoch(header: &RecordHeader, tip: ChainTip, check: Check) -> Result<(),
 }
 
 fn check_chain(header: &RecordHeader, tip: ChainTip) -> Result<(), Invalid> {
-    if tip.unanchored {
+    let previous_term = if tip.unanchored {
         // The first record of a log that was never purged: any index and
-        // prev_term; a wrap marker keeps the log unanchored.
-        return Ok(());
-    }
-    if header.index != tip.next_index {
-        return Err(Invalid::IndexGap {
-            expected: tip.next_index,
-            found: header.index,
-        });
-    }
-    if header.prev_term != tip.last_term {
-        return Err(Invalid::PrevTermMismatch {
-            index: header.index,
-            expected: tip.last_term,
-            found: header.prev_term,
-        });
-    }
+        // prev_term (a wrap marker keeps the log unanchored). Its terms must
+        // still hold together: the entry before it, whose term it names,
+        // cannot have a later term than its own.
+        header.prev_term
+    } else {
+        if header.index != tip.next_index {
+            return Err(Invalid::IndexGap {
+                expected: tip.next_index,
+                found: header.index,
+            });
+        }
+        if header.prev_term != tip.last_term {
+            return Err(Invalid::PrevTermMismatch {
+                index: header.index,
+                expected: tip.last_term,
+                found: header.prev_term,
+            });
+        }
+        tip.last_term
+    };
     let term_ok = match header.kind {
-        RecordKind::Entry => header.term >= tip.last_term,
-        RecordKind::Wrap => header.term == tip.last_term,
+        RecordKind::Entry => header.term >= previous_term,
+        RecordKind::Wrap => header.term == previous_term,
     };
     if !term_ok {
         return Err(Invalid::TermRegression {
             index: header.index,
-            previous: tip.last_term,
+            previous: previous_term,
             found: header.term,
         });
     }
@@ -973,7 +977,7 @@ mod tests {
                     lsn: 0,
                     term: 1,
                     index,
-                    prev_term: 0,
+                    prev_term: 1,
                     epoch: e,
                     crc: 0,
                 };

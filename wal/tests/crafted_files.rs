@@ -364,3 +364,64 @@ fn index_words_of_the_control_block_are_range_checked() {
     drop(wal);
     assert!(check(dir.path()).is_ok());
 }
+
+/// Found by the `open` fuzz target: the first record of a log that was
+/// never purged may carry any index and any prev_term, and recovery took one
+/// whose prev_term (the term of the entry before it) was above its own term;
+/// `Ring::read` then refused the entry it had just recovered ("term 1 at
+/// index 0 does not continue term 17071882152716533760"). Such a record is
+/// no Raft entry: recovery and adoption stop at it.
+#[test]
+fn a_first_record_whose_prev_term_is_above_its_term_is_not_recovered() {
+    let e = epoch(3, 1);
+    let record = RecordHeader {
+        kind: RecordKind::Entry,
+        payload_len: 2,
+        lsn: 0,
+        term: 1,
+        index: 0,
+        prev_term: 17_071_882_152_716_533_760,
+        epoch: e,
+        crc: 0,
+    };
+    let dir = fresh_dir();
+    set_fence(dir.path(), e);
+    put_record(dir.path(), record, b"ab");
+    let wal = Wal::open(dir.path(), &config(1)).unwrap();
+    for index in wal.ring().first_index()..wal.ring().next_index() {
+        let read = wal.ring().read(index);
+        assert!(read.is_ok(), "recovered entry {index} unreadable: {read:?}");
+    }
+    assert_eq!(wal.recovery().entries, 0);
+    assert_eq!(check(dir.path()).unwrap().entries, 0);
+    drop(wal);
+
+    // The same record from the fence holder is not adopted.
+    let dir = tempfile::tempdir().unwrap();
+    let mut wal = open(dir.path());
+    take_fence(wal.ring(), e);
+    let mut header = record;
+    let sealed = header.seal(b"ab");
+    let data = wal.ring().regions().data;
+    // SAFETY: in bounds of the data area; the test is the only writer.
+    unsafe {
+        std::ptr::copy_nonoverlapping(sealed.as_ptr(), data.addr, 64);
+        std::ptr::copy_nonoverlapping(b"ab".as_ptr(), data.addr.add(64), 2);
+    }
+    let result = wal.ring_mut().adopt(AdoptRequest {
+        from_lsn: 0,
+        to_lsn: 128,
+        entries: 1,
+        last: Some(LogPos { term: 1, index: 0 }),
+    });
+    assert!(
+        matches!(
+            result,
+            Err(WalError::Adopt(AdoptError::Rejected {
+                reason: Invalid::TermRegression { .. },
+                ..
+            }))
+        ),
+        "{result:?}"
+    );
+}
