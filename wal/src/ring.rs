@@ -1010,7 +1010,10 @@ impl Ring {
             detail,
         };
         let header_bytes = self.header_bytes(slot.lsn);
-        let payload_len = validate_header(header_bytes, slot.lsn, self.geometry)
+        // The loosest geometry, as recovery's: a record the log holds may
+        // have been written under a higher record limit than today's.
+        let geometry = Geometry::loosest(self.geometry.capacity);
+        let payload_len = validate_header(header_bytes, slot.lsn, geometry)
             .map_err(|reason| corrupt(reason.to_string()))?;
         let payload = self.bytes(slot.lsn + RECORD_HEADER_BYTES as u64, payload_len as usize);
         // The chain was checked when the record entered the log; here the
@@ -1024,7 +1027,7 @@ impl Ring {
         let any_fence = Check::Recovery {
             fence: Epoch(u64::MAX),
         };
-        let valid = validate_payload(header_bytes, payload, self.geometry, own_chain, any_fence)
+        let valid = validate_payload(header_bytes, payload, geometry, own_chain, any_fence)
             .map_err(|reason| corrupt(reason.to_string()))?;
         if valid.header.kind != RecordKind::Entry || valid.header.term != slot.term {
             return Err(corrupt(format!(

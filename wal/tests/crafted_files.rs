@@ -425,3 +425,38 @@ fn a_first_record_whose_prev_term_is_above_its_term_is_not_recovered() {
         "{result:?}"
     );
 }
+
+/// Found by the `open` fuzz target: recovery checks records against the
+/// loosest geometry (any record up to half the ring), so that lowering the
+/// configured record limit never hides records written under a higher one,
+/// but `Ring::read` checked them against the configured limit and refused
+/// entries recovery had just taken ("bad length: payload of 458762 bytes
+/// ... (limit 65536)"). A node restarted with a lower `max_record_bytes`
+/// could not serve its own log.
+#[test]
+fn entries_written_under_a_higher_record_limit_stay_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = epoch(1, 1);
+    let big = ringraft_wal::RingConfig {
+        max_record_bytes: 4 * MAX_RECORD,
+        ..config(1)
+    };
+    {
+        let mut wal = Wal::open(dir.path(), &big).unwrap();
+        take_fence(wal.ring(), e);
+        append_n(wal.ring_mut(), e, 1, 3, |i| {
+            (i as usize + 2) * MAX_RECORD as usize
+        });
+        wal.ring_mut().sync_and_ack(2).unwrap();
+    }
+    let wal = Wal::open(dir.path(), &config(1)).unwrap();
+    assert_eq!(wal.recovery().entries, 3);
+    for index in 0..3 {
+        let entry = wal.ring().read(index);
+        assert!(entry.is_ok(), "entry {index}: {entry:?}");
+        assert_eq!(
+            entry.unwrap().payload,
+            payload(index, (index as usize + 2) * MAX_RECORD as usize)
+        );
+    }
+}
