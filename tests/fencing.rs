@@ -193,8 +193,8 @@ fn encode_records(
     epoch: Epoch,
     entries: &[Entry],
 ) -> (WriteBuffer, Tail) {
-    let mut encoder = RecordEncoder::new(capacity, tail.next_lsn, tail.chain_tip(), epoch);
-    let mut buffer = WriteBuffer::new(capacity, tail.next_lsn);
+    let mut encoder = RecordEncoder::new(capacity, tail.next_lsn, tail.chain_tip(), epoch).unwrap();
+    let mut buffer = WriteBuffer::new(capacity, tail.next_lsn).unwrap();
     for entry in entries {
         let payload =
             bincode::serde::encode_to_vec(&entry.payload, bincode::config::standard()).unwrap();

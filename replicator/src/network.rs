@@ -713,13 +713,20 @@ impl PeerNet {
             .map(|e| encode_payload(&e.payload))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| Failure::Network(e.to_string()))?;
+        let bad_grant = |e: ringraft_wal::record::EncodeError| {
+            Failure::Network(format!(
+                "node {} granted a ring we cannot write: {e}",
+                self.target
+            ))
+        };
         let mut encoder = RecordEncoder::new(
             view.capacity,
             view.tail.next_lsn,
             view.tail.chain_tip(),
             view.epoch,
-        );
-        let mut buffer = WriteBuffer::new(view.capacity, view.tail.next_lsn);
+        )
+        .map_err(bad_grant)?;
+        let mut buffer = WriteBuffer::new(view.capacity, view.tail.next_lsn).map_err(bad_grant)?;
         for (entry, payload) in req.entries.iter().zip(&payloads) {
             encoder
                 .push(

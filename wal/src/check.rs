@@ -2,6 +2,12 @@
 //! byte and reports the valid range, the first invalid record and why, and
 //! whether corruption lies inside what the node had acknowledged.
 //! `ringraft wal check --data-dir DIR` prints its report.
+//!
+//! The directory may hold anything: every word read from either file is
+//! checked as [`crate::Wal::open`] checks it (the metadata file's ranges,
+//! the ring header, the acknowledged watermark and the commit hint) and a
+//! value out of range is an error naming the file and the field. The
+//! incarnation is only reported, not bumped, so any value is fine here.
 
 use std::fmt;
 use std::fs::File;
@@ -13,7 +19,7 @@ use memmap2::MmapOptions;
 use crate::error::{Result, WalError};
 use crate::layout::{
     ACKED_OFFSET, COMMIT_OFFSET, CONTROL_BLOCK_BYTES, Epoch, FENCE_OFFSET, HEAD_OFFSET, RingHeader,
-    decode_index_word, le_u64,
+    check_index, decode_index_word, le_u64,
 };
 use crate::meta::{META_FILE, Meta};
 use crate::recovery::{Damage, Evidence, ScanInput, Stop, scan};
@@ -176,6 +182,18 @@ pub fn check(dir: &Path) -> Result<CheckReport> {
     let fence = Epoch(le_u64(&control[FENCE_OFFSET..]));
     let head_word = le_u64(&control[HEAD_OFFSET..]);
     let acked = decode_index_word(le_u64(&control[ACKED_OFFSET..]));
+    let commit_hint = decode_index_word(le_u64(&control[COMMIT_OFFSET..]));
+    for (field, index) in [
+        ("acknowledged watermark", acked),
+        ("commit hint", commit_hint),
+    ] {
+        if let Some(index) = index {
+            check_index(field, index).map_err(|source| WalError::Layout {
+                path: ring_path.clone(),
+                source,
+            })?;
+        }
+    }
     let start_lsn = meta.purged.map_or(0, |p| p.next_lsn);
     if head_word > start_lsn {
         return Err(WalError::Inconsistent {
@@ -202,7 +220,7 @@ pub fn check(dir: &Path) -> Result<CheckReport> {
         meta,
         fence,
         head_word,
-        commit_hint: decode_index_word(le_u64(&control[COMMIT_OFFSET..])),
+        commit_hint,
         acked,
         start_lsn,
         first_index: report

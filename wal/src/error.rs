@@ -48,6 +48,16 @@ pub enum LayoutError {
     /// A field holds a value its type does not allow.
     #[error("invalid field {0}")]
     BadField(&'static str),
+    /// A field holds a number outside the range the format allows.
+    #[error("{field} is {value:#x}: {rule}")]
+    OutOfRange {
+        /// The field, as the file layout names it.
+        field: &'static str,
+        /// The value found.
+        value: u64,
+        /// The rule it breaks.
+        rule: &'static str,
+    },
 }
 
 /// Why records a remote writer put into the ring were not adopted.
@@ -178,6 +188,19 @@ pub enum WalError {
         needed: u64,
         /// Bytes free before `head + capacity`.
         free: u64,
+    },
+    /// The log reached the end of the lsn space ([`crate::layout::MAX_LSN`]):
+    /// nothing more can be written to this ring, ever. Not retryable: the
+    /// node needs a new ring (an empty data directory and a snapshot).
+    #[error(
+        "the log would end at lsn {end_lsn}, beyond the end of the lsn space ({max_lsn}); \
+         this ring can take no more records: start the node from an empty data directory"
+    )]
+    LsnSpaceExhausted {
+        /// Where the write would end.
+        end_lsn: u64,
+        /// The end of the lsn space.
+        max_lsn: u64,
     },
     /// A record above the configured maximum.
     #[error("record of {len} bytes is above the maximum of {max}")]

@@ -76,6 +76,24 @@ pub const MAX_CAPACITY_BYTES: u64 = 1 << 40;
 
 const HEADER_CRC_OFFSET: usize = 60;
 
+/// The end of the logical offset space: no log position (`head`, the tail,
+/// a record's `lsn` or its end) ever lies beyond it, so that a position plus
+/// two capacities still fits in a `u64` and no lsn arithmetic can overflow.
+/// It is `2^64 - 2^42`, a multiple of every capacity, so the last lap ends
+/// exactly there. A ring written at 50 GB/s (a 400 Gb/s NIC at line rate,
+/// without pause) reaches it after 11 years; then it refuses to write
+/// ([`crate::WalError::LsnSpaceExhausted`]) rather than wrap.
+pub const MAX_LSN: u64 = u64::MAX - 4 * MAX_CAPACITY_BYTES + 1;
+/// The largest Raft log index a ring holds (`2^63 - 1`): one past any index,
+/// and the control words that store `index + 1`, always fit in a `u64`. At a
+/// billion entries per second a log reaches it after 292 years.
+pub const MAX_INDEX: u64 = i64::MAX as u64;
+
+const _: () = {
+    assert!(MAX_LSN.is_multiple_of(MAX_CAPACITY_BYTES));
+    assert!(MAX_LSN.checked_add(3 * MAX_CAPACITY_BYTES).is_some());
+};
+
 /// Number of bits of an epoch that hold the leader id.
 pub const EPOCH_LEADER_BITS: u32 = 16;
 /// Largest node id an epoch can carry.
@@ -197,6 +215,52 @@ impl RingHeader {
         check_capacity(header.capacity)?;
         Ok(header)
     }
+}
+
+/// Checks that `lsn` can be a log position: line aligned and at most
+/// [`MAX_LSN`]. `field` names it in the error.
+pub fn check_lsn(field: &'static str, lsn: u64) -> Result<(), LayoutError> {
+    if !lsn.is_multiple_of(LINE_BYTES as u64) {
+        return Err(LayoutError::OutOfRange {
+            field,
+            value: lsn,
+            rule: "a log position must be a multiple of 64",
+        });
+    }
+    if lsn > MAX_LSN {
+        return Err(LayoutError::OutOfRange {
+            field,
+            value: lsn,
+            rule: "beyond the end of the lsn space (2^64 - 2^42)",
+        });
+    }
+    Ok(())
+}
+
+/// Checks that `index` is at most [`MAX_INDEX`]. `field` names it in the
+/// error.
+pub fn check_index(field: &'static str, index: u64) -> Result<(), LayoutError> {
+    if index > MAX_INDEX {
+        return Err(LayoutError::OutOfRange {
+            field,
+            value: index,
+            rule: "above the largest log index (2^63 - 1)",
+        });
+    }
+    Ok(())
+}
+
+/// Checks that `term` fits in an epoch (at most [`MAX_TERM`]). `field`
+/// names it in the error.
+pub fn check_term(field: &'static str, term: u64) -> Result<(), LayoutError> {
+    if term > MAX_TERM {
+        return Err(LayoutError::OutOfRange {
+            field,
+            value: term,
+            rule: "above the largest term an epoch carries (2^48 - 1)",
+        });
+    }
+    Ok(())
 }
 
 /// Checks that `capacity` is a power of two within

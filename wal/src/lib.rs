@@ -48,6 +48,7 @@
 #![warn(missing_docs)]
 
 pub mod check;
+mod crc;
 pub mod error;
 pub mod layout;
 pub mod meta;

@@ -8,6 +8,14 @@
 //! directory. A corrupt file, or one of another cluster or node, is an
 //! error; it is never replaced by defaults.
 //!
+//! Every number in it is checked when it is read, and before it is stored
+//! (so that what is stored can be read back): a purge point's `next_lsn`
+//! is a line-aligned log position within the lsn space
+//! ([`crate::layout::MAX_LSN`]), indexes are at most
+//! [`crate::layout::MAX_INDEX`], terms fit in an epoch and `voted_for` is a
+//! node id an epoch can carry. A value out of range is
+//! [`LayoutError::OutOfRange`], naming the field.
+//!
 //! # File layout, version 1 (128 bytes, little-endian)
 //!
 //! ```text
@@ -36,7 +44,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::{LayoutError, Result, WalError};
-use crate::layout::{le_u32, le_u64};
+use crate::layout::{MAX_NODE_ID, check_index, check_lsn, check_term, le_u32, le_u64};
 use crate::validate::LogPos;
 
 /// Magic at offset 0 of a metadata file.
@@ -73,6 +81,16 @@ pub struct PurgePoint {
     pub log: LogPos,
     /// The logical offset of the first byte still needed: `head`.
     pub next_lsn: u64,
+}
+
+impl PurgePoint {
+    /// Checks the ranges: `next_lsn` a line-aligned log position, the index
+    /// at most [`crate::layout::MAX_INDEX`], the term one an epoch carries.
+    pub fn check(&self) -> Result<(), LayoutError> {
+        check_term("purged term", self.log.term)?;
+        check_index("purged index", self.log.index)?;
+        check_lsn("purged next_lsn", self.next_lsn)
+    }
 }
 
 /// The content of the metadata file.
@@ -190,13 +208,47 @@ impl Meta {
             term: le_u64(&b[80..]),
             index: le_u64(&b[88..]),
         });
-        Ok(Meta {
+        let meta = Meta {
             cluster_id: le_u64(&b[16..]),
             node_id: le_u64(&b[24..]),
             vote,
             purged,
             committed,
-        })
+        };
+        meta.check_ranges()?;
+        Ok(meta)
+    }
+
+    /// Checks every number against the range the format allows (module
+    /// docs). [`Meta::decode`] and [`Meta::store`] both call it.
+    pub fn check_ranges(&self) -> Result<(), LayoutError> {
+        if self.node_id > MAX_NODE_ID {
+            return Err(LayoutError::OutOfRange {
+                field: "node id",
+                value: self.node_id,
+                rule: "above the largest node id an epoch carries (65535)",
+            });
+        }
+        if let Some(vote) = self.vote {
+            check_term("vote term", vote.term)?;
+            if let Some(id) = vote.voted_for
+                && id > MAX_NODE_ID
+            {
+                return Err(LayoutError::OutOfRange {
+                    field: "vote voted_for",
+                    value: id,
+                    rule: "above the largest node id an epoch carries (65535)",
+                });
+            }
+        }
+        if let Some(purged) = self.purged {
+            purged.check()?;
+        }
+        if let Some(committed) = self.committed {
+            check_term("committed term", committed.term)?;
+            check_index("committed index", committed.index)?;
+        }
+        Ok(())
     }
 
     /// Reads and decodes the metadata file at `path`, whatever its ids.
@@ -237,7 +289,16 @@ impl Meta {
     /// Replaces the file at `path` atomically with this record: write a
     /// temporary file beside it, fsync it, rename it over `path`, fsync the
     /// directory.
+    ///
+    /// # Errors
+    /// [`WalError::Layout`] when a number is out of range
+    /// ([`Meta::check_ranges`]): the file would not be readable; then
+    /// nothing is written. [`WalError::Io`] when a file operation fails.
     pub fn store(&self, path: &Path) -> Result<()> {
+        self.check_ranges().map_err(|source| WalError::Layout {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let tmp = tmp_path(path);
         let bytes = self.encode();
         {
@@ -450,5 +511,68 @@ mod tests {
         );
         std::fs::write(&path, b"garbage").unwrap();
         assert!(Meta::load(&path, 0xABCD, 2).is_err());
+    }
+
+    /// Issue 10, item 6: every number of the metadata file is range-checked
+    /// on read (naming the field) and before a store (so that what is stored
+    /// can be read back): a purge point's next_lsn must be a line-aligned
+    /// position within the lsn space, indexes at most MAX_INDEX, terms and
+    /// node ids what an epoch carries.
+    #[test]
+    fn out_of_range_fields_are_refused_on_read_and_on_store() {
+        use crate::layout::{MAX_INDEX, MAX_LSN, MAX_TERM};
+        let purged = |term, index, next_lsn| Meta {
+            purged: Some(PurgePoint {
+                log: LogPos { term, index },
+                next_lsn,
+            }),
+            ..full()
+        };
+        let vote = |term, voted_for| Meta {
+            vote: Some(VoteRecord {
+                term,
+                voted_for,
+                committed: false,
+            }),
+            ..full()
+        };
+        let committed = |term, index| Meta {
+            committed: Some(LogPos { term, index }),
+            ..full()
+        };
+        let bad = [
+            (purged(1, 5, 1), "purged next_lsn"),
+            (purged(1, 5, 0xFFFFF), "purged next_lsn"),
+            (purged(1, 5, MAX_LSN + 64), "purged next_lsn"),
+            (purged(1, 5, 0xFFFF_FFFF_FFFF_FFC0), "purged next_lsn"),
+            (purged(1, MAX_INDEX + 1, 0), "purged index"),
+            (purged(1, u64::MAX, 0), "purged index"),
+            (purged(MAX_TERM + 1, 5, 0), "purged term"),
+            (vote(MAX_TERM + 1, None), "vote term"),
+            (vote(1, Some(1 << 16)), "vote voted_for"),
+            (committed(1, u64::MAX), "committed index"),
+            (committed(u64::MAX, 1), "committed term"),
+            (Meta::new(1, 1 << 16), "node id"),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(META_FILE);
+        full().store(&path).unwrap();
+        for (meta, field) in bad {
+            match Meta::decode(&meta.encode()) {
+                Err(LayoutError::OutOfRange { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{field}: {other:?}"),
+            }
+            let err = meta.store(&path).unwrap_err();
+            assert!(err.to_string().contains(field), "{err}");
+            assert_eq!(Meta::read(&path).unwrap(), full(), "nothing stored");
+        }
+        let edge = [
+            purged(MAX_TERM, MAX_INDEX, MAX_LSN),
+            vote(MAX_TERM, Some(crate::layout::MAX_NODE_ID)),
+            committed(MAX_TERM, MAX_INDEX),
+        ];
+        for meta in edge {
+            assert_eq!(Meta::decode(&meta.encode()), Ok(meta));
+        }
     }
 }

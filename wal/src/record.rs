@@ -35,7 +35,7 @@
 //! is the index of the entry that follows it, `term` and `prev_term` are the
 //! term of the entry before it.
 
-use crate::layout::{Epoch, LINE_BYTES, align_line, le_u32, le_u64};
+use crate::layout::{Epoch, LINE_BYTES, MAX_INDEX, align_line, check_capacity, le_u32, le_u64};
 use crate::validate::ChainTip;
 
 /// Magic at offset 0 of every record: the bytes "RRec".
@@ -274,6 +274,33 @@ pub enum EncodeError {
         /// Payload length.
         len: usize,
     },
+    /// The entry's index is above [`MAX_INDEX`].
+    #[error("entry index {index} is above the largest log index {MAX_INDEX}")]
+    IndexOutOfRange {
+        /// The index given.
+        index: u64,
+    },
+    /// The ring capacity (a leader learns it from the follower) is not a
+    /// power of two between 1 MiB and 1 TiB.
+    #[error("ring capacity {capacity} is not a power of two between 1 MiB and 1 TiB")]
+    BadCapacity {
+        /// The capacity given.
+        capacity: u64,
+    },
+    /// The position to write at (a leader learns it from the follower) is
+    /// not a log position: not a multiple of 64, or beyond
+    /// [`crate::layout::MAX_LSN`].
+    #[error("lsn {lsn} is not a log position (a multiple of 64, at most 2^64 - 2^42)")]
+    BadLsn {
+        /// The lsn given.
+        lsn: u64,
+    },
+}
+
+/// Checks the shape a writer was given: a valid capacity and a log position.
+fn check_start(capacity: u64, lsn: u64) -> Result<(), EncodeError> {
+    check_capacity(capacity).map_err(|_| EncodeError::BadCapacity { capacity })?;
+    crate::layout::check_lsn("lsn", lsn).map_err(|_| EncodeError::BadLsn { lsn })
 }
 
 /// Lays records out from a logical offset, keeping the chain state
@@ -289,15 +316,26 @@ pub struct RecordEncoder {
 impl RecordEncoder {
     /// An encoder that writes from `next_lsn` after the chain state `tip`,
     /// as the writer holding `epoch`.
-    pub fn new(capacity: u64, next_lsn: u64, tip: ChainTip, epoch: Epoch) -> RecordEncoder {
-        assert!(capacity.is_power_of_two(), "capacity {capacity}");
-        assert_eq!(next_lsn % LINE_BYTES as u64, 0, "unaligned lsn {next_lsn}");
-        RecordEncoder {
+    ///
+    /// # Errors
+    /// A leader builds it from what a follower told it (its capacity and its
+    /// tail), so these are checked: [`EncodeError::BadCapacity`] unless the
+    /// capacity is a power of two between 1 MiB and 1 TiB,
+    /// [`EncodeError::BadLsn`] unless `next_lsn` is a multiple of 64 within
+    /// the lsn space.
+    pub fn new(
+        capacity: u64,
+        next_lsn: u64,
+        tip: ChainTip,
+        epoch: Epoch,
+    ) -> Result<RecordEncoder, EncodeError> {
+        check_start(capacity, next_lsn)?;
+        Ok(RecordEncoder {
             capacity,
             next_lsn,
             tip,
             epoch,
-        }
+        })
     }
 
     /// The logical offset the next record goes to (before any wrap).
@@ -312,6 +350,9 @@ impl RecordEncoder {
 
     /// Checks `entry` against the chain without encoding it.
     pub fn check(&self, entry: &EntryRef<'_>) -> Result<(), EncodeError> {
+        if entry.index > MAX_INDEX {
+            return Err(EncodeError::IndexOutOfRange { index: entry.index });
+        }
         if entry.index != self.tip.next_index && !self.tip.unanchored {
             return Err(EncodeError::IndexGap {
                 expected: self.tip.next_index,
@@ -442,13 +483,18 @@ pub struct WriteBuffer {
 
 impl WriteBuffer {
     /// An empty buffer whose first record goes to `start_lsn`.
-    pub fn new(capacity: u64, start_lsn: u64) -> WriteBuffer {
-        WriteBuffer {
+    ///
+    /// # Errors
+    /// As [`RecordEncoder::new`]: the capacity and the position come from
+    /// the follower.
+    pub fn new(capacity: u64, start_lsn: u64) -> Result<WriteBuffer, EncodeError> {
+        check_start(capacity, start_lsn)?;
+        Ok(WriteBuffer {
             capacity,
             start_lsn,
             end_lsn: start_lsn,
             segments: Vec::new(),
-        }
+        })
     }
 
     /// The logical offset of the first byte.
@@ -619,7 +665,7 @@ mod tests {
             epoch: Epoch::ZERO,
             unanchored: false,
         };
-        let mut enc = RecordEncoder::new(cap, cap - 192, tip, epoch);
+        let mut enc = RecordEncoder::new(cap, cap - 192, tip, epoch).unwrap();
         let mut sink = Collect(Vec::new());
         let a = enc
             .push(
@@ -683,7 +729,7 @@ mod tests {
         );
         assert_eq!(enc.next_lsn(), cap + 192);
         // A record that ends exactly at the end of the area needs no wrap.
-        let mut enc = RecordEncoder::new(cap, cap - 128, tip, epoch);
+        let mut enc = RecordEncoder::new(cap, cap - 128, tip, epoch).unwrap();
         let mut sink = Collect(Vec::new());
         enc.push(
             &mut sink,
@@ -716,7 +762,7 @@ mod tests {
             epoch: Epoch::new(3, 1).unwrap(),
             unanchored: false,
         };
-        let enc = RecordEncoder::new(1 << 20, 0, tip, epoch);
+        let enc = RecordEncoder::new(1 << 20, 0, tip, epoch).unwrap();
         assert_eq!(
             enc.check(&EntryRef {
                 term: 3,
@@ -748,7 +794,7 @@ mod tests {
             last_term: 1,
             ..tip
         };
-        let old = RecordEncoder::new(1 << 20, 0, low_term_tip, Epoch::new(2, 9).unwrap());
+        let old = RecordEncoder::new(1 << 20, 0, low_term_tip, Epoch::new(2, 9).unwrap()).unwrap();
         assert!(matches!(
             old.check(&EntryRef {
                 term: 2,
@@ -778,8 +824,8 @@ mod tests {
             epoch: Epoch::ZERO,
             unanchored: false,
         };
-        let mut enc = RecordEncoder::new(cap, cap - 192, tip, epoch);
-        let mut buf = WriteBuffer::new(cap, cap - 192);
+        let mut enc = RecordEncoder::new(cap, cap - 192, tip, epoch).unwrap();
+        let mut buf = WriteBuffer::new(cap, cap - 192).unwrap();
         enc.push(
             &mut buf,
             &EntryRef {
@@ -806,5 +852,67 @@ mod tests {
         assert_eq!(segs[1].bytes.len(), 192);
         assert_eq!(buf.end_lsn(), cap + 192);
         assert_eq!(buf.byte_len(), 384);
+    }
+
+    /// Issue 10, item 5: `RecordEncoder::new` asserted on the capacity and
+    /// the lsn, which a leader takes from a follower's grant: a bad grant
+    /// panicked the leader. Both constructors now refuse them with an error.
+    #[test]
+    fn a_bad_capacity_or_position_from_a_peer_is_an_error() {
+        let tip = ChainTip::after(None);
+        let epoch = Epoch::new(1, 1).unwrap();
+        let max_lsn = crate::layout::MAX_LSN;
+        for capacity in [0, 1, 3 << 20, 1 << 19, 1 << 41, u64::MAX] {
+            assert_eq!(
+                RecordEncoder::new(capacity, 0, tip, epoch).unwrap_err(),
+                EncodeError::BadCapacity { capacity }
+            );
+            assert_eq!(
+                WriteBuffer::new(capacity, 0).unwrap_err(),
+                EncodeError::BadCapacity { capacity }
+            );
+        }
+        for lsn in [1, 0xFFFFF, max_lsn + 64, u64::MAX - 63, u64::MAX] {
+            assert_eq!(
+                RecordEncoder::new(1 << 20, lsn, tip, epoch).unwrap_err(),
+                EncodeError::BadLsn { lsn }
+            );
+            assert_eq!(
+                WriteBuffer::new(1 << 20, lsn).unwrap_err(),
+                EncodeError::BadLsn { lsn }
+            );
+        }
+        assert!(RecordEncoder::new(1 << 40, max_lsn, tip, epoch).is_ok());
+        assert!(WriteBuffer::new(1 << 40, max_lsn).is_ok());
+    }
+
+    /// Issue 10, item 6: an entry index of u64::MAX would overflow the
+    /// chain state (`index + 1`); the encoder refuses indexes above
+    /// MAX_INDEX and takes MAX_INDEX itself.
+    #[test]
+    fn the_encoder_refuses_indexes_above_max_index() {
+        let epoch = Epoch::new(1, 1).unwrap();
+        let mut enc = RecordEncoder::new(1 << 20, 0, ChainTip::after(None), epoch).unwrap();
+        let entry = |index| EntryRef {
+            term: 1,
+            index,
+            payload: b"x",
+        };
+        let mut sink = Collect(Vec::new());
+        for index in [MAX_INDEX + 1, u64::MAX] {
+            assert_eq!(
+                enc.push(&mut sink, &entry(index)),
+                Err(EncodeError::IndexOutOfRange { index })
+            );
+        }
+        assert!(sink.0.is_empty());
+        enc.push(&mut sink, &entry(MAX_INDEX)).unwrap();
+        assert_eq!(enc.tip().next_index, MAX_INDEX + 1);
+        assert_eq!(
+            enc.check(&entry(MAX_INDEX + 1)),
+            Err(EncodeError::IndexOutOfRange {
+                index: MAX_INDEX + 1
+            })
+        );
     }
 }

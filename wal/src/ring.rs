@@ -9,12 +9,17 @@
 //!
 //! What the ring guarantees:
 //! - it never writes, nor adopts, past `head + capacity` (a full ring is
-//!   [`WalError::RingFull`], which the caller waits on);
+//!   [`WalError::RingFull`], which the caller waits on), nor past the end of
+//!   the lsn space, [`MAX_LSN`] ([`WalError::LsnSpaceExhausted`]);
 //! - adopted records are never overwritten by the ring itself except by
 //!   [`Ring::truncate_after`], which also erases them so that recovery does
 //!   not bring them back;
 //! - every record it appends passes the validator's recovery rules, and every
-//!   record it serves passes its CRC.
+//!   record it serves passes its CRC;
+//! - every word it reads from the file is checked before use (the header,
+//!   the purge point, the incarnation it bumps, the acknowledged watermark):
+//!   a value out of range is an error naming the file and the field, never
+//!   an overflow.
 //!
 //! # Memory shared with a device
 //!
@@ -37,11 +42,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::{MmapMut, MmapOptions};
 
-use crate::error::{AdoptError, Result, WalError};
+use crate::error::{AdoptError, LayoutError, Result, WalError};
 use crate::layout::{
-    ACKED_OFFSET, COMMIT_OFFSET, CONTROL_BLOCK_BYTES, Epoch, FENCE_OFFSET, HEAD_OFFSET,
-    MAX_NODE_ID, RING_HEADER_BYTES, RingHeader, check_capacity, decode_index_word,
-    encode_index_word,
+    ACKED_OFFSET, COMMIT_OFFSET, CONTROL_BLOCK_BYTES, Epoch, FENCE_OFFSET, HEAD_OFFSET, MAX_INDEX,
+    MAX_LSN, MAX_NODE_ID, RING_HEADER_BYTES, RingHeader, check_capacity, check_index, check_term,
+    decode_index_word, encode_index_word,
 };
 use crate::meta::{PurgePoint, sync_dir};
 use crate::record::{
@@ -299,6 +304,23 @@ impl Ring {
             path: path.to_path_buf(),
             source,
         })?;
+        if let Some(point) = purged {
+            point.check().map_err(|e| WalError::Inconsistent {
+                path: path.to_path_buf(),
+                what: format!("the purge point to recover from is out of range: {e}"),
+            })?;
+        }
+        header.incarnation = header
+            .incarnation
+            .checked_add(1)
+            .ok_or_else(|| WalError::Layout {
+                path: path.to_path_buf(),
+                source: LayoutError::OutOfRange {
+                    field: "incarnation",
+                    value: header.incarnation,
+                    rule: "no incarnation is left to bump it to",
+                },
+            })?;
         for (field, expected, found) in [
             ("cluster id", config.cluster_id, header.cluster_id),
             ("node id", config.node_id, header.node_id),
@@ -336,7 +358,6 @@ impl Ring {
         let base = NonNull::new(map.as_mut_ptr()).expect("mmap returns a non-null pointer");
         let memory_locked = config.lock_memory && lock_memory(&map, path);
 
-        header.incarnation += 1;
         let mut ring = Ring {
             path: path.to_path_buf(),
             _file: file,
@@ -354,8 +375,7 @@ impl Ring {
             sync_failed: None,
             memory_locked,
         };
-        ring.write_control(0, &header.encode());
-
+        // Check the control words before writing anything.
         let head_word = ring.word(HEAD_OFFSET).load(Ordering::Acquire);
         if head_word > ring.head_lsn {
             return Err(WalError::Inconsistent {
@@ -367,15 +387,9 @@ impl Ring {
                 ),
             });
         }
-        if !ring
-            .head_lsn
-            .is_multiple_of(crate::layout::LINE_BYTES as u64)
-        {
-            return Err(WalError::Inconsistent {
-                path: path.to_path_buf(),
-                what: format!("purge point {} is not line aligned", ring.head_lsn),
-            });
-        }
+        check_index_words(path, &ring)?;
+        ring.write_control(0, &header.encode());
+
         // A purge stored its metadata but crashed before moving head: finish it.
         ring.word(HEAD_OFFSET)
             .store(ring.head_lsn, Ordering::Release);
@@ -477,9 +491,16 @@ impl Ring {
         self.tail_lsn
     }
 
-    /// Bytes that can be written before reaching `head + capacity`.
+    /// Bytes that can be written before reaching `head + capacity` (or the
+    /// end of the lsn space, [`MAX_LSN`]).
     pub fn free_bytes(&self) -> u64 {
-        self.head_lsn + self.geometry.capacity - self.tail_lsn
+        self.window_end() - self.tail_lsn
+    }
+
+    /// Where the window of bytes a writer may fill ends: `head + capacity`,
+    /// or [`MAX_LSN`] in the last lap of the lsn space.
+    pub fn window_end(&self) -> u64 {
+        self.geometry.window_end(self.head_lsn)
     }
 
     // ----- control words ---------------------------------------------------
@@ -519,10 +540,13 @@ impl Ring {
         decode_index_word(self.word(COMMIT_OFFSET).load(Ordering::Acquire))
     }
 
-    /// Records the leader's commit hint.
+    /// Records the leader's commit hint. It comes from a peer's message and
+    /// is only a hint: an index above [`MAX_INDEX`] is stored as `MAX_INDEX`.
     pub fn set_commit_hint(&self, index: Option<u64>) {
-        self.word(COMMIT_OFFSET)
-            .store(encode_index_word(index), Ordering::Release);
+        self.word(COMMIT_OFFSET).store(
+            encode_index_word(index.map(|i| i.min(MAX_INDEX))),
+            Ordering::Release,
+        );
     }
 
     /// The highest index this node acknowledged.
@@ -590,7 +614,8 @@ impl Ring {
             }
         }
         let mut encoder =
-            RecordEncoder::new(self.geometry.capacity, self.tail_lsn, self.tip, epoch);
+            RecordEncoder::new(self.geometry.capacity, self.tail_lsn, self.tip, epoch)
+                .expect("the ring's capacity was checked at open and its tail is a log position");
         encoder.check_batch(entries)?;
         let end_lsn = span_end(
             self.tail_lsn,
@@ -644,7 +669,7 @@ impl Ring {
     /// log, so that they can be read ([`Ring::prepared_records`]) and handed
     /// to the consensus layer, which decides whether they enter the log.
     pub fn prepare_adoption(&self, request: AdoptRequest) -> Result<PreparedAdoption> {
-        let limit_lsn = self.head_lsn + self.geometry.capacity;
+        let limit_lsn = self.window_end();
         if request.from_lsn != self.tail_lsn {
             return Err(AdoptError::NotAtTail {
                 from_lsn: request.from_lsn,
@@ -785,7 +810,7 @@ impl Ring {
     /// batch that no other prepared adoption covers.
     pub fn clear_scratch_between(&mut self, from_lsn: u64, to_lsn: u64) {
         let from_lsn = from_lsn.max(self.tail_lsn);
-        let to_lsn = to_lsn.min(self.head_lsn + self.geometry.capacity);
+        let to_lsn = to_lsn.min(self.window_end());
         if to_lsn > from_lsn {
             self.zero_range(from_lsn, to_lsn);
         }
@@ -794,7 +819,8 @@ impl Ring {
     /// Removes every entry after `last_kept` (all of them when `None`), and
     /// erases their records so that recovery cannot bring them back.
     pub fn truncate_after(&mut self, last_kept: Option<u64>) -> Result<()> {
-        let keep_next = last_kept.map_or(0, |i| i + 1);
+        // `last_kept` is the caller's; at u64::MAX nothing is after it.
+        let keep_next = last_kept.map_or(0, |i| i.saturating_add(1));
         if keep_next >= self.tip.next_index || self.slots.is_empty() {
             return Ok(());
         }
@@ -838,6 +864,9 @@ impl Ring {
     /// `upto`; `None` when that is already purged. `upto` may lie beyond the
     /// log (after a snapshot), then the whole log goes.
     pub fn purge_point(&self, upto: LogPos) -> Result<Option<PurgePoint>> {
+        check_term("purge term", upto.term)
+            .and_then(|()| check_index("purge index", upto.index))
+            .map_err(|e| WalError::Conflict(format!("purge to {upto:?} refused: {e}")))?;
         if self.anchor.is_none() && !self.slots.is_empty() && upto.index < self.first_index {
             // A log that began at an arbitrary index gets its purge point
             // right before its first entry (see `Ring::anchor_first`).
@@ -895,7 +924,7 @@ impl Ring {
             self.needs_anchor(),
             "anchor_first on an anchored or empty log"
         );
-        if upto.index + 1 != self.first_index {
+        if upto.index.checked_add(1) != Some(self.first_index) {
             return Err(WalError::Conflict(format!(
                 "purge point {upto:?} is not right before the first entry {}",
                 self.first_index
@@ -935,7 +964,10 @@ impl Ring {
             if header.kind == RecordKind::Entry {
                 break;
             }
-            lsn = self.geometry.next_lap(lsn);
+            lsn = self
+                .geometry
+                .next_lap(lsn)
+                .expect("an owned wrap marker has a next lap");
         }
         self.sync_data()
     }
@@ -978,7 +1010,10 @@ impl Ring {
             detail,
         };
         let header_bytes = self.header_bytes(slot.lsn);
-        let payload_len = validate_header(header_bytes, slot.lsn, self.geometry)
+        // The loosest geometry, as recovery's: a record the log holds may
+        // have been written under a higher record limit than today's.
+        let geometry = Geometry::loosest(self.geometry.capacity);
+        let payload_len = validate_header(header_bytes, slot.lsn, geometry)
             .map_err(|reason| corrupt(reason.to_string()))?;
         let payload = self.bytes(slot.lsn + RECORD_HEADER_BYTES as u64, payload_len as usize);
         // The chain was checked when the record entered the log; here the
@@ -992,7 +1027,7 @@ impl Ring {
         let any_fence = Check::Recovery {
             fence: Epoch(u64::MAX),
         };
-        let valid = validate_payload(header_bytes, payload, self.geometry, own_chain, any_fence)
+        let valid = validate_payload(header_bytes, payload, geometry, own_chain, any_fence)
             .map_err(|reason| corrupt(reason.to_string()))?;
         if valid.header.kind != RecordKind::Entry || valid.header.term != slot.term {
             return Err(corrupt(format!(
@@ -1097,6 +1132,12 @@ impl Ring {
     }
 
     fn check_room(&self, end_lsn: u64) -> Result<()> {
+        if end_lsn > MAX_LSN {
+            return Err(WalError::LsnSpaceExhausted {
+                end_lsn,
+                max_lsn: MAX_LSN,
+            });
+        }
         let limit = self.head_lsn + self.geometry.capacity;
         if end_lsn > limit {
             return Err(WalError::RingFull {
@@ -1188,6 +1229,24 @@ impl Ring {
             None => Ok(()),
         }
     }
+}
+
+/// Checks the control words that hold `index + 1` (the acknowledged
+/// watermark and the commit hint): an index above [`MAX_INDEX`] is no index
+/// this ring can hold.
+fn check_index_words(path: &Path, ring: &Ring) -> Result<()> {
+    for (field, index) in [
+        ("acknowledged watermark", ring.acked()),
+        ("commit hint", ring.commit_hint()),
+    ] {
+        if let Some(index) = index {
+            check_index(field, index).map_err(|source| WalError::Layout {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// Writes records straight into the mapping.

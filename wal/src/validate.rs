@@ -17,8 +17,12 @@
 //! The follower's adopt path, crash recovery and the offline checker all call
 //! [`validate_header`] and [`validate_payload`] (or [`validate_at`], which
 //! does both on a slice of the data area). Nothing here performs I/O.
+//!
+//! Every number of a record came from a file or a peer's NIC: an index above
+//! [`MAX_INDEX`] is refused ([`Invalid::IndexOutOfRange`]) before anything
+//! adds to it, and positions are computed with checked arithmetic.
 
-use crate::layout::{Epoch, LINE_BYTES};
+use crate::layout::{Epoch, LINE_BYTES, MAX_INDEX, MAX_LSN};
 use crate::record::{
     HeaderDefect, RECORD_HEADER_BYTES, RecordHeader, RecordKind, record_crc, record_len,
 };
@@ -43,10 +47,14 @@ pub struct ChainTip {
 impl ChainTip {
     /// The chain state of a log whose last entry (or purge point) is
     /// `last`, or of an empty log that starts at index 0.
+    ///
+    /// # Panics
+    /// When `last.index` is above [`MAX_INDEX`]: callers check indexes read
+    /// from a file ([`crate::PurgePoint::check`]) before they get here.
     pub fn after(last: Option<LogPos>) -> ChainTip {
         match last {
             Some(pos) => ChainTip {
-                next_index: pos.index + 1,
+                next_index: one_past(pos.index),
                 last_term: pos.term,
                 epoch: Epoch::ZERO,
                 unanchored: false,
@@ -59,10 +67,14 @@ impl ChainTip {
     }
 
     /// The chain state once `header` (a valid record) is accepted.
+    ///
+    /// # Panics
+    /// When `header.index` is above [`MAX_INDEX`]: the validator refuses
+    /// such a record ([`Invalid::IndexOutOfRange`]) before it advances.
     pub fn advance(self, header: &RecordHeader) -> ChainTip {
         match header.kind {
             RecordKind::Entry => ChainTip {
-                next_index: header.index + 1,
+                next_index: one_past(header.index),
                 last_term: header.term,
                 epoch: header.epoch,
                 unanchored: false,
@@ -73,6 +85,14 @@ impl ChainTip {
             },
         }
     }
+}
+
+fn one_past(index: u64) -> u64 {
+    assert!(
+        index <= MAX_INDEX,
+        "index {index} above MAX_INDEX reached the chain state unchecked"
+    );
+    index + 1
 }
 
 /// A log position: a Raft log id.
@@ -135,9 +155,18 @@ impl Geometry {
         lsn & (self.capacity - 1)
     }
 
-    /// The logical offset where the lap after the one holding `lsn` starts.
-    pub fn next_lap(&self, lsn: u64) -> u64 {
-        (lsn | (self.capacity - 1)) + 1
+    /// The logical offset where the lap after the one holding `lsn` starts,
+    /// or `None` beyond the end of the lsn space ([`MAX_LSN`]).
+    pub fn next_lap(&self, lsn: u64) -> Option<u64> {
+        (lsn | (self.capacity - 1))
+            .checked_add(1)
+            .filter(|next| *next <= MAX_LSN)
+    }
+
+    /// Where the window of a log whose oldest needed byte is `head_lsn`
+    /// ends: `head_lsn + capacity`, but never beyond [`MAX_LSN`].
+    pub fn window_end(&self, head_lsn: u64) -> u64 {
+        head_lsn.saturating_add(self.capacity).min(MAX_LSN)
     }
 }
 
@@ -182,6 +211,13 @@ pub enum Invalid {
     /// The CRC matches but the header is malformed.
     #[error("malformed header: {0:?}")]
     BadHeader(HeaderDefect),
+    /// The record's index is above [`MAX_INDEX`]: no log reaches it, and one
+    /// past it would not fit in a `u64`.
+    #[error("index {index} is above the largest log index {MAX_INDEX}")]
+    IndexOutOfRange {
+        /// The index the record carries.
+        index: u64,
+    },
     /// The record's index does not follow the previous one.
     #[error("index gap: expected {expected}, found {found}")]
     IndexGap {
@@ -237,8 +273,9 @@ pub enum Invalid {
         /// The record's epoch.
         found: Epoch,
     },
-    /// The record ends beyond `head + capacity`: it would overwrite bytes
-    /// still needed, so it cannot belong to the log.
+    /// The record ends beyond `head + capacity` (or beyond the end of the
+    /// lsn space, [`MAX_LSN`]): it would overwrite bytes still needed, so it
+    /// cannot belong to the log.
     #[error(
         "record ends at lsn {end_lsn}, beyond the ring's window (head + capacity = {limit_lsn})"
     )]
@@ -335,16 +372,38 @@ pub fn validate_payload(
     tip: ChainTip,
     check: Check,
 ) -> Result<Valid, Invalid> {
-    let stored = crate::layout::le_u32(&header_bytes[crate::record::RECORD_CRC_OFFSET..]);
+    let stored = stored_crc(header_bytes);
     let computed = record_crc(header_bytes, payload);
     if stored != computed {
         return Err(Invalid::CrcMismatch { stored, computed });
     }
+    debug_assert_eq!(
+        crate::layout::le_u32(&header_bytes[8..]) as usize,
+        payload.len()
+    );
+    validate_fields(header_bytes, geometry, tip, check)
+}
+
+/// The CRC a record header carries.
+pub fn stored_crc(header_bytes: &[u8; RECORD_HEADER_BYTES]) -> u32 {
+    crate::layout::le_u32(&header_bytes[crate::record::RECORD_CRC_OFFSET..])
+}
+
+/// Every check of [`validate_payload`] but the CRC: the header's layout,
+/// the epoch and the chain against `tip`. Callers that must not spend a CRC
+/// on a record that fails anyway (recovery's search beyond a break) run this
+/// first and the CRC after; [`validate_payload`] runs the CRC first, so that
+/// a torn write is reported as such.
+pub fn validate_fields(
+    header_bytes: &[u8; RECORD_HEADER_BYTES],
+    geometry: Geometry,
+    tip: ChainTip,
+    check: Check,
+) -> Result<Valid, Invalid> {
     let header = RecordHeader::decode(header_bytes).map_err(|defect| match defect {
         HeaderDefect::Magic(found) => Invalid::BadMagic { found },
         other => Invalid::BadHeader(other),
     })?;
-    debug_assert_eq!(header.payload_len as usize, payload.len());
     if header.kind == RecordKind::Wrap && header.payload_len != 0 {
         return Err(Invalid::BadLength {
             payload_len: header.payload_len,
@@ -352,12 +411,24 @@ pub fn validate_payload(
             limit: 0,
         });
     }
+    if header.index > MAX_INDEX {
+        return Err(Invalid::IndexOutOfRange {
+            index: header.index,
+        });
+    }
     check_epoch(&header, tip, check)?;
     check_chain(&header, tip)?;
     let next_lsn = match header.kind {
-        RecordKind::Entry => header.lsn + header.record_len(),
+        RecordKind::Entry => header
+            .lsn
+            .checked_add(header.record_len())
+            .filter(|end| *end <= MAX_LSN),
         RecordKind::Wrap => geometry.next_lap(header.lsn),
-    };
+    }
+    .ok_or(Invalid::OutsideWindow {
+        end_lsn: u64::MAX,
+        limit_lsn: MAX_LSN,
+    })?;
     Ok(Valid {
         header,
         tip: tip.advance(&header),
@@ -398,32 +469,36 @@ fn check_epoch(header: &RecordHeader, tip: ChainTip, check: Check) -> Result<(),
 }
 
 fn check_chain(header: &RecordHeader, tip: ChainTip) -> Result<(), Invalid> {
-    if tip.unanchored {
+    let previous_term = if tip.unanchored {
         // The first record of a log that was never purged: any index and
-        // prev_term; a wrap marker keeps the log unanchored.
-        return Ok(());
-    }
-    if header.index != tip.next_index {
-        return Err(Invalid::IndexGap {
-            expected: tip.next_index,
-            found: header.index,
-        });
-    }
-    if header.prev_term != tip.last_term {
-        return Err(Invalid::PrevTermMismatch {
-            index: header.index,
-            expected: tip.last_term,
-            found: header.prev_term,
-        });
-    }
+        // prev_term (a wrap marker keeps the log unanchored). Its terms must
+        // still hold together: the entry before it, whose term it names,
+        // cannot have a later term than its own.
+        header.prev_term
+    } else {
+        if header.index != tip.next_index {
+            return Err(Invalid::IndexGap {
+                expected: tip.next_index,
+                found: header.index,
+            });
+        }
+        if header.prev_term != tip.last_term {
+            return Err(Invalid::PrevTermMismatch {
+                index: header.index,
+                expected: tip.last_term,
+                found: header.prev_term,
+            });
+        }
+        tip.last_term
+    };
     let term_ok = match header.kind {
-        RecordKind::Entry => header.term >= tip.last_term,
-        RecordKind::Wrap => header.term == tip.last_term,
+        RecordKind::Entry => header.term >= previous_term,
+        RecordKind::Wrap => header.term == previous_term,
     };
     if !term_ok {
         return Err(Invalid::TermRegression {
             index: header.index,
-            previous: tip.last_term,
+            previous: previous_term,
             found: header.term,
         });
     }
@@ -432,6 +507,10 @@ fn check_chain(header: &RecordHeader, tip: ChainTip) -> Result<(), Invalid> {
 
 /// Validates the record at logical offset `lsn` of `area`, a view of the
 /// whole data area (`area.len() == geometry.capacity`).
+///
+/// # Panics
+/// When `area` is not the whole data area or `lsn` is not line aligned: a
+/// position is the caller's, never a value read from the record.
 pub fn validate_at(
     area: &[u8],
     lsn: u64,
@@ -443,6 +522,10 @@ pub fn validate_at(
         area.len() as u64,
         geometry.capacity,
         "area is the whole data area"
+    );
+    assert!(
+        lsn.is_multiple_of(LINE_BYTES as u64),
+        "unaligned position {lsn}"
     );
     let physical = geometry.physical(lsn) as usize;
     let header_bytes: &[u8; RECORD_HEADER_BYTES] = area[physical..physical + RECORD_HEADER_BYTES]
@@ -481,7 +564,7 @@ mod tests {
     /// An area holding entries 0..n of term 1 written under `e`, from lsn 0.
     fn area_with(n: u64, e: Epoch) -> (Area, Vec<u64>) {
         let mut area = Area(vec![0; CAP as usize]);
-        let mut enc = RecordEncoder::new(CAP, 0, ChainTip::default(), e);
+        let mut enc = RecordEncoder::new(CAP, 0, ChainTip::default(), e).unwrap();
         let lsns = (0..n)
             .map(|i| {
                 enc.push(
@@ -765,7 +848,7 @@ mod tests {
         let e = epoch(1, 1);
         let mut area = Area(vec![0; CAP as usize]);
         let tip = tip_after(9, 1, e);
-        let mut enc = RecordEncoder::new(CAP, CAP - 64, tip, e);
+        let mut enc = RecordEncoder::new(CAP, CAP - 64, tip, e).unwrap();
         enc.push(
             &mut area,
             &EntryRef {
@@ -822,7 +905,7 @@ mod tests {
     fn an_unanchored_log_takes_any_first_index_then_is_strict() {
         let e = epoch(1, 1);
         let mut area = Area(vec![0; CAP as usize]);
-        let mut enc = RecordEncoder::new(CAP, 0, ChainTip::after(None), e);
+        let mut enc = RecordEncoder::new(CAP, 0, ChainTip::after(None), e).unwrap();
         enc.push(
             &mut area,
             &EntryRef {
@@ -866,8 +949,84 @@ mod tests {
     #[test]
     fn geometry_helpers() {
         assert_eq!(GEO.physical(CAP + 64), 64);
-        assert_eq!(GEO.next_lap(CAP - 64), CAP);
-        assert_eq!(GEO.next_lap(CAP), 2 * CAP);
-        assert_eq!(GEO.next_lap(0), CAP);
+        assert_eq!(GEO.next_lap(CAP - 64), Some(CAP));
+        assert_eq!(GEO.next_lap(CAP), Some(2 * CAP));
+        assert_eq!(GEO.next_lap(0), Some(CAP));
+        // The last lap of the lsn space has no next lap.
+        assert_eq!(GEO.next_lap(MAX_LSN - 2 * CAP), Some(MAX_LSN - CAP));
+        assert_eq!(GEO.next_lap(MAX_LSN - CAP), Some(MAX_LSN));
+        assert_eq!(GEO.next_lap(MAX_LSN), None);
+        assert_eq!(GEO.next_lap(u64::MAX - 63), None);
+        assert_eq!(GEO.window_end(0), CAP);
+        assert_eq!(GEO.window_end(MAX_LSN - 64), MAX_LSN);
+        assert_eq!(GEO.window_end(u64::MAX), MAX_LSN);
+    }
+
+    /// Issue 10, item 6: a record with index u64::MAX (valid CRC) overflowed
+    /// `ChainTip::advance`; indexes above MAX_INDEX are refused, in both
+    /// contexts, and MAX_INDEX itself is a valid index.
+    #[test]
+    fn indexes_above_max_index_are_refused() {
+        let e = epoch(1, 1);
+        for (index, ok) in [(MAX_INDEX, true), (MAX_INDEX + 1, false), (u64::MAX, false)] {
+            let mut area = Area(vec![0; CAP as usize]);
+            for kind in [RecordKind::Entry, RecordKind::Wrap] {
+                let mut h = RecordHeader {
+                    kind,
+                    payload_len: 0,
+                    lsn: 0,
+                    term: 1,
+                    index,
+                    prev_term: 1,
+                    epoch: e,
+                    crc: 0,
+                };
+                area.put_record(0, &h.seal(&[]), &[]);
+                for check in [Check::Adoption { fence: e }, Check::Recovery { fence: e }] {
+                    let result = validate_at(&area.0, 0, GEO, ChainTip::after(None), check);
+                    if ok {
+                        assert!(result.is_ok(), "{index} {kind:?}: {result:?}");
+                    } else {
+                        assert_eq!(result, Err(Invalid::IndexOutOfRange { index }), "{kind:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A record whose end, or whose next lap, lies beyond the lsn space is
+    /// outside any window, not an overflow.
+    #[test]
+    fn records_beyond_the_lsn_space_are_outside_the_window() {
+        let e = epoch(1, 1);
+        let mut area = Area(vec![0; CAP as usize]);
+        let lsn = MAX_LSN;
+        let mut h = RecordHeader {
+            kind: RecordKind::Wrap,
+            payload_len: 0,
+            lsn,
+            term: 0,
+            index: 0,
+            prev_term: 0,
+            epoch: e,
+            crc: 0,
+        };
+        area.put_record(lsn, &h.seal(&[]), &[]);
+        let check = Check::Recovery { fence: e };
+        assert!(matches!(
+            validate_at(&area.0, lsn, GEO, ChainTip::after(None), check),
+            Err(Invalid::OutsideWindow { .. })
+        ));
+        h.kind = RecordKind::Entry;
+        area.put_record(lsn, &h.seal(&[]), &[]);
+        assert!(matches!(
+            validate_at(&area.0, lsn, GEO, ChainTip::after(None), check),
+            Err(Invalid::OutsideWindow { .. })
+        ));
+        // The last line before the end: an entry ends exactly at MAX_LSN.
+        h.lsn = MAX_LSN - 64;
+        area.put_record(h.lsn, &h.seal(&[]), &[]);
+        let valid = validate_at(&area.0, h.lsn, GEO, ChainTip::after(None), check).unwrap();
+        assert_eq!(valid.next_lsn, MAX_LSN);
     }
 }

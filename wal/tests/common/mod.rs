@@ -65,8 +65,8 @@ pub fn remote_write(
     e: Epoch,
     entries: &[(u64, u64, Vec<u8>)],
 ) -> WriteBuffer {
-    let mut encoder = RecordEncoder::new(CAP, start_lsn, tip, e);
-    let mut buf = WriteBuffer::new(CAP, start_lsn);
+    let mut encoder = RecordEncoder::new(CAP, start_lsn, tip, e).unwrap();
+    let mut buf = WriteBuffer::new(CAP, start_lsn).unwrap();
     for (index, term, p) in entries {
         encoder
             .push(
