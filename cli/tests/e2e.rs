@@ -95,6 +95,13 @@ impl Cluster {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        // An option given in `extra` replaces its default above (every
+        // option above takes a value).
+        for flag in self.extra.iter().filter(|a| a.starts_with("--")) {
+            if let Some(k) = args.iter().position(|a| a == flag) {
+                args.drain(k..=k + 1);
+            }
+        }
         if id == 1 {
             args.push("--bootstrap".into());
         }
@@ -894,4 +901,193 @@ fn an_interrupted_demo_stops_its_nodes() {
     assert!(rest.iter().any(|l| l.contains("Interrupted")), "{rest:?}");
     let left = processes_mentioning(&demo_dir_str);
     assert!(left.is_empty(), "left running: {left:?}");
+}
+
+/// Runs `ringraft` with `args` on `input`, or kills it after `limit` and
+/// fails the test: a client that is still running then hangs.
+fn cli_bounded(endpoints: &str, args: &[&str], input: Vec<u8>, limit: Duration) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .arg("--endpoints")
+        .arg(endpoints)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    // The client may refuse (and exit) before it read everything: a broken
+    // pipe here is expected.
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = stdout.read_to_end(&mut v);
+        v
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = stderr.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "ringraft {args:?} still ran after {limit:?} (it hangs); stderr:\n{}",
+                String::from_utf8_lossy(&err_reader.join().unwrap())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    writer.join().unwrap();
+    Output {
+        status,
+        stdout: out_reader.join().unwrap(),
+        stderr: err_reader.join().unwrap(),
+    }
+}
+
+/// Issue 10, item 4: the CLI must not hang on input no node can accept. A
+/// 64 MiB stdin line, and a line one byte above the largest record that
+/// fits in one message, fail at once with an error that names the client
+/// API's message limit (the old client sent them, tonic refused to encode
+/// them, and the failure looked like a transport error that it retried
+/// until its deadline); a record above `--max-record` fails at once naming
+/// that. Lines that fit one by one but not together are sent in several
+/// requests (the old client put up to 256 lines in one request, and hung
+/// the same way when they added up to more than the limit).
+///
+/// The client gets a 10-minute deadline: a client that retries runs into
+/// the test's own bound, which is the failure. Nothing here is timed.
+#[test]
+fn input_no_node_accepts_fails_at_once_naming_the_limit() {
+    const MESSAGE_LIMIT: usize = 64 << 20;
+    // ringraft_client::client::MAX_RECORD_BYTES: the message limit less the
+    // request's other fields (22 bytes) and the record's tag and length
+    // (5 bytes).
+    const LARGEST_RECORD: usize = MESSAGE_LIMIT - 27;
+    const MAX_RECORD: usize = 16 << 20;
+    let c = Cluster::start(
+        1,
+        &[
+            "--ring-capacity",
+            "134217728",
+            "--max-record",
+            &MAX_RECORD.to_string(),
+        ],
+    );
+    let endpoints = c.endpoints();
+    // A slow machine may take long over one big request: never retry it
+    // for want of patience.
+    let append = [
+        "append",
+        "--deadline-ms",
+        "600000",
+        "--timeout-ms",
+        "300000",
+    ];
+    let bound = Duration::from_secs(300);
+    let line = |len: usize, byte: u8| {
+        let mut l = vec![byte; len];
+        l.push(b'\n');
+        l
+    };
+    for (what, input) in [
+        ("a 64 MiB line", line(64 << 20, b'z')),
+        (
+            "a line one byte above the largest",
+            line(LARGEST_RECORD + 1, b'y'),
+        ),
+        (
+            "a short line, then one above the largest",
+            [line(10, b'a'), line(LARGEST_RECORD + 1, b'b')].concat(),
+        ),
+    ] {
+        let out = cli_bounded(&endpoints, &append, input, bound);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what} was accepted");
+        assert!(
+            stderr.contains(&MESSAGE_LIMIT.to_string()) && stderr.contains("limit"),
+            "{what}: the error names the message limit: {stderr}"
+        );
+    }
+    let out = cli_bounded(&endpoints, &append, line(MAX_RECORD + 1, b'x'), bound);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a record above --max-record");
+    assert!(stderr.contains("--max-record"), "{stderr}");
+    // Five records of 14 MiB: each fits, together they do not.
+    let big: Vec<u8> = (0..5u8).flat_map(|k| line(14 << 20, b'0' + k)).collect();
+    let out = cli_bounded(&endpoints, &append, big, bound);
+    assert!(
+        out.status.success(),
+        "records that fit one by one: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let indexes: Vec<u64> = lines(&out).iter().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(indexes.len(), 5, "an index per record");
+    // The node still serves, and holds exactly what was acknowledged: the
+    // first short line ("aaaaaaaaaa") was appended before the refusal.
+    let out = cli_bounded(&endpoints, &append, b"after\n".to_vec(), bound);
+    assert!(out.status.success());
+    let out = cli_with(
+        &endpoints,
+        &["read", "--format", "raw", "--deadline-ms", "600000"],
+        None,
+    );
+    assert!(out.status.success());
+    let records: Vec<&[u8]> = out.stdout.split(|b| *b == b'\n').collect();
+    let mut expected: Vec<Vec<u8>> = vec![vec![b'a'; 10]];
+    expected.extend((0..5u8).map(|k| vec![b'0' + k; 14 << 20]));
+    expected.push(b"after".to_vec());
+    expected.push(Vec::new()); // after the last newline
+    assert_eq!(records.len(), expected.len(), "records read back");
+    for (k, (got, want)) in records.iter().zip(&expected).enumerate() {
+        assert!(*got == want.as_slice(), "record {k} differs");
+    }
+}
+
+/// Issue 10, item 4, the other commands: requests no node will ever accept
+/// fail at once instead of being retried until the deadline (old code:
+/// `members promote` of a non-member and `members remove` of every voter
+/// came back as internal errors, which the client retries; `read --follow`
+/// of an empty range waited forever). Nothing here is timed: the commands
+/// get a 10-minute deadline, and the test's bound is the failure.
+#[test]
+fn other_commands_with_input_no_node_accepts_fail_at_once() {
+    let c = Cluster::start(1, &[]);
+    let endpoints = c.endpoints();
+    let bound = Duration::from_secs(300);
+    for (args, expected) in [
+        (
+            &["read", "--follow", "--from", "5", "--to", "2"][..],
+            "empty",
+        ),
+        (&["members", "promote", "7"][..], "not a member"),
+        (&["members", "remove", "1"][..], "without a voter"),
+    ] {
+        let args: Vec<&str> = args
+            .iter()
+            .copied()
+            .chain(["--deadline-ms", "600000"])
+            .collect();
+        let out = cli_bounded(&endpoints, &args, Vec::new(), bound);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+    // The node is still whole.
+    let members = c.cli(&["members", "list"]);
+    assert_eq!(
+        lines(&members),
+        vec![format!("1 {} voter", c.nodes[&1].listen)]
+    );
 }
