@@ -249,6 +249,16 @@ async fn a_node_of_another_cluster_is_refused() {
     .await;
     let leader = cluster.leader().await;
     let term = cluster.node(leader).status().term;
+    let rejected = |id: u64| {
+        cluster
+            .node(id)
+            .device()
+            .counters()
+            .iter()
+            .find(|(k, _)| k == "rejected_handshakes")
+            .map_or(0, |(_, v)| *v)
+    };
+    let rejected_before = [rejected(1), rejected(2)];
     // Same secret, same fabric, another cluster id: it campaigns at our
     // nodes, which refuse it at the handshake.
     let dir = tempfile::tempdir().unwrap();
@@ -270,7 +280,16 @@ async fn a_node_of_another_cluster_is_refused() {
         .await
         .unwrap();
     intruder.initialize().await.unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Until both nodes it knows refused it (an event, not a time).
+    let deadline = tokio::time::Instant::now() + T;
+    while rejected(1) == rejected_before[0] || rejected(2) == rejected_before[1] {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the intruder was not refused by nodes 1 and 2: {:?}",
+            [rejected(1), rejected(2)]
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_ne!(
         intruder.status().state,
         "Leader",

@@ -205,14 +205,29 @@ async fn a_node_corrupt_inside_grants_no_vote_and_the_lossy_election_does_not_ha
         Damage::CorruptInside(_)
     ));
     // Without the rule b (longer log) would win the lagging node's vote and
-    // lead without the entries it forgot. It must not: no leader for a while.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    for id in [b, lagging] {
-        let s = c.node(id).status();
+    // lead without the entries it forgot. It must not: the lagging node
+    // stands for election again and again (a new term each time) and never
+    // wins, and b never leads. (Counted in elections, not in seconds: a
+    // slow machine holds fewer of them per second.)
+    let first_term = c.node(lagging).status().term;
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        for id in [b, lagging] {
+            let s = c.node(id).status();
+            assert!(
+                s.state != "Leader",
+                "node {id} became leader while b is corrupt: {s:?}"
+            );
+        }
+        if c.node(lagging).status().term >= first_term + 3 {
+            break;
+        }
         assert!(
-            s.state != "Leader",
-            "node {id} became leader while b is corrupt: {s:?}"
+            tokio::time::Instant::now() < deadline,
+            "the lagging node did not stand for election three times: {:?}",
+            c.node(lagging).status()
         );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // The node with the full log returns: it leads, re-replicates past b's
     // break, and nothing acknowledged is lost.
@@ -274,7 +289,22 @@ async fn membership_changes_under_load() {
         })
     };
     let _ = cluster;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The membership changes happen under load: wait until the load runs
+    // (a count of writes, not a time: a slow machine writes less per second).
+    let acked_at_least = |n: usize| {
+        let acked = acked.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + T;
+            while acked.lock().unwrap().len() < n {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the load stalled below {n} writes"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    acked_at_least(10).await;
     for id in [4u64, 5] {
         c.stop(id).await;
         let dir = c.data_dir(id);
@@ -290,7 +320,9 @@ async fn membership_changes_under_load() {
         .promote(BTreeSet::from([4, 5]))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // And it goes on with five voters.
+    let during = acked.lock().unwrap().len();
+    acked_at_least(during + 10).await;
     stop.store(true, Ordering::Relaxed);
     writer.await.unwrap();
     let leader = c.leader().await;
@@ -299,7 +331,6 @@ async fn membership_changes_under_load() {
     let last = c.propose(b"final".to_vec(), T).await.unwrap().0;
     c.wait_applied(last, T).await;
     let mut acked = acked.lock().unwrap().clone();
-    assert!(acked.len() > 10, "the load ran: {} writes", acked.len());
     acked.push(b"final".to_vec());
     assert_nothing_lost(&c, &acked);
 }
@@ -469,24 +500,29 @@ async fn writers_at_full_speed_through_a_small_ring_with_a_follower_down_never_s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_leader_writes_nothing_valid_and_steps_down() {
-    // Queue pairs wait long enough (≈2 s) for the frozen leader that the
-    // followers' connections to it are still up when it resumes: its held
-    // WRITEs then meet the followers' NICs (had a follower given up on the
-    // connection first, they would be dropped with it: safe too, but not
-    // what this test wants to show).
+    // Queue pairs wait far longer (≈17 s) than the freeze lasts, so that the
+    // followers' connections to the frozen leader are still up when it
+    // resumes: its held WRITEs then meet the followers' NICs. (Had a
+    // follower given up on the connection first, they would be dropped with
+    // it: safe too, but not what this test wants to show. With a window of
+    // ≈2 s, a loaded machine did give up first.)
     let c = Cluster::start_with(Kind::Inproc, 3, Durability::Memory, 8, |cfg| {
-        cfg.conn.ack_timeout_exp = 16;
+        cfg.conn.ack_timeout_exp = 20;
     })
     .await;
     let mut acked = Vec::new();
-    write_n(&c, "before", 20, &mut acked).await;
+    let last_before = write_n(&c, "before", 20, &mut acked).await;
+    // Every follower holds those: what the frozen leader WRITEs from now on
+    // is the stale proposals'.
+    c.wait_applied(last_before, T).await;
     let old = c.leader().await;
     let followers: Vec<u64> = (1..=3).filter(|id| *id != old).collect();
-    // Freeze the old leader while its WRITEs are on the wire: with a 40 ms
-    // fabric delay, the records of a proposal made 10 ms before the freeze
-    // are in flight (then held) at the freeze.
-    c.fabric
-        .set_delay(Duration::from_millis(40), Duration::from_millis(40));
+    // Freeze the old leader's fabric first, then propose to it: it still
+    // leads in its own eyes and posts the records' WRITEs, which the frozen
+    // fabric holds (in flight) until the unfreeze. Waiting for the posts,
+    // not for a time, makes sure they exist on any machine.
+    c.fabric.pause(&format!("node{old}"));
+    let written_before = c.node(old).metrics().bytes_written.get();
     let old_node = c.node(old).clone();
     let stale_writer = tokio::spawn(async move {
         let mut writers = Vec::new();
@@ -495,7 +531,7 @@ async fn a_stale_leader_writes_nothing_valid_and_steps_down() {
             writers.push(tokio::spawn(async move {
                 let data = format!("stale-{w}").into_bytes();
                 let r =
-                    tokio::time::timeout(Duration::from_secs(20), node.propose(data.clone())).await;
+                    tokio::time::timeout(Duration::from_secs(60), node.propose(data.clone())).await;
                 (data, matches!(r, Ok(Ok(_))))
             }));
         }
@@ -505,9 +541,14 @@ async fn a_stale_leader_writes_nothing_valid_and_steps_down() {
         }
         all
     });
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    c.fabric.pause(&format!("node{old}"));
-    c.fabric.set_delay(Duration::ZERO, Duration::ZERO);
+    let deadline = tokio::time::Instant::now() + T;
+    while c.node(old).metrics().bytes_written.get() == written_before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the frozen leader posted no WRITE of the stale proposals"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     c.leader_among(&followers, T).await;
     let mut after = Vec::new();
     let mut last = 0;

@@ -287,7 +287,12 @@ async fn worker(
             }
             Err(e) => {
                 result.errors += 1;
-                let refused = matches!(e, ClientError::Refused(_) | ClientError::Endpoint(..));
+                let refused = matches!(
+                    e,
+                    ClientError::Refused(_)
+                        | ClientError::Endpoint(..)
+                        | ClientError::TooLarge { .. }
+                );
                 if result.first_error.is_none() {
                     result.first_error = Some(e.to_string());
                 }

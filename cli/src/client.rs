@@ -17,8 +17,41 @@ use crate::proto::{
     TransferLeaderRequest,
 };
 
-/// Largest message the client sends or accepts.
+/// Largest message the client sends or accepts (the daemon's limit too).
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// Bytes of an Append request besides its records, at most: `client_id`
+/// and `first_seq`, a tag and a varint of up to 10 bytes each.
+const APPEND_FIXED_BYTES: usize = 2 * (1 + 10);
+
+/// The largest total of [`append_record_bytes`] that one Append request can
+/// carry within [`MAX_MESSAGE_BYTES`].
+pub const MAX_APPEND_RECORDS_BYTES: usize = MAX_MESSAGE_BYTES - APPEND_FIXED_BYTES;
+
+/// The largest record one Append request can carry at all (alone). Nodes
+/// refuse records above their `--max-record` too, which is usually far
+/// smaller.
+pub const MAX_RECORD_BYTES: usize =
+    MAX_APPEND_RECORDS_BYTES - 1 - varint_bytes(MAX_APPEND_RECORDS_BYTES);
+
+const _: () = assert!(append_record_bytes(MAX_RECORD_BYTES) <= MAX_APPEND_RECORDS_BYTES);
+
+/// Bytes of `value` as a protobuf varint.
+const fn varint_bytes(value: usize) -> usize {
+    let mut bytes = 1;
+    let mut rest = value >> 7;
+    while rest > 0 {
+        bytes += 1;
+        rest >>= 7;
+    }
+    bytes
+}
+
+/// Bytes a record of `record_len` bytes takes in an Append request on the
+/// wire (tag, length, bytes).
+pub const fn append_record_bytes(record_len: usize) -> usize {
+    1 + varint_bytes(record_len) + record_len
+}
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -37,10 +70,25 @@ pub enum ClientError {
     /// An endpoint address cannot be used.
     #[error("bad endpoint {0}: {1}")]
     Endpoint(String, String),
+    /// The request is larger than the client API's message limit: no node
+    /// can accept it, so it was not sent (nor retried).
+    #[error(
+        "an append of {records} record(s) takes {bytes} bytes, above the client API's message limit of {limit} bytes; no node accepts it: append fewer or smaller records (nodes also refuse records above their --max-record)"
+    )]
+    TooLarge {
+        /// Records in the request.
+        records: usize,
+        /// The request's encoded size.
+        bytes: usize,
+        /// [`MAX_MESSAGE_BYTES`].
+        limit: usize,
+    },
 }
 
-/// Whether an error is worth trying again (elsewhere, or later).
-fn retryable(status: &Status) -> bool {
+/// Whether an error is worth trying again (elsewhere, or later). Errors
+/// that the same request would meet again (invalid argument, a message
+/// above a size limit: `OutOfRange`, ...) are not.
+pub fn retryable(status: &Status) -> bool {
     matches!(
         status.code(),
         Code::Unavailable
@@ -176,7 +224,11 @@ impl Client {
     /// indexes in their order, after those of this client's earlier appends.
     ///
     /// # Errors
-    /// When the append fails, its records may or may not land in the log
+    /// [`ClientError::TooLarge`] at once, without sending anything, when the
+    /// request would exceed [`MAX_MESSAGE_BYTES`] (tonic would refuse to
+    /// encode it, and the failure would look like a transport error worth
+    /// retrying); the others as [`Client`]'s operations. When the append
+    /// fails after it was sent, its records may or may not land in the log
     /// (later, even after the next appends); the client goes on in a new
     /// session, since the cluster would refuse the old session's next seqs
     /// as long as this append's are missing.
@@ -184,6 +236,20 @@ impl Client {
         let first_seq = self.next_seq;
         let client_id = self.client_id;
         let count = records.len() as u64;
+        let request = AppendRequest {
+            client_id,
+            first_seq,
+            records,
+        };
+        let bytes = prost::Message::encoded_len(&request);
+        if bytes > MAX_MESSAGE_BYTES {
+            return Err(ClientError::TooLarge {
+                records: request.records.len(),
+                bytes,
+                limit: MAX_MESSAGE_BYTES,
+            });
+        }
+        let records = request.records;
         let response = self
             .with_retry(|mut c| {
                 let req = AppendRequest {
@@ -326,4 +392,72 @@ fn api<T>(message: T) -> Request<T> {
         tonic::metadata::MetadataValue::from_static(crate::API_VERSION),
     );
     req
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The byte accounting callers batch by ([`append_record_bytes`],
+    /// [`MAX_APPEND_RECORDS_BYTES`]) matches what is encoded.
+    #[test]
+    fn append_record_bytes_is_the_encoded_size() {
+        for lens in [
+            vec![],
+            vec![0],
+            vec![1, 127, 128],
+            vec![16_383, 16_384, 2_097_151, 2_097_152],
+            vec![MAX_RECORD_BYTES],
+        ] {
+            let records: Vec<Vec<u8>> = lens.iter().map(|n| vec![b'z'; *n]).collect();
+            let request = AppendRequest {
+                client_id: u64::MAX,
+                first_seq: u64::MAX,
+                records,
+            };
+            let records_bytes: usize = lens.iter().map(|n| append_record_bytes(*n)).sum();
+            assert_eq!(
+                prost::Message::encoded_len(&request),
+                APPEND_FIXED_BYTES + records_bytes,
+                "{lens:?}"
+            );
+        }
+        assert_eq!(
+            APPEND_FIXED_BYTES + append_record_bytes(MAX_RECORD_BYTES),
+            MAX_MESSAGE_BYTES,
+            "the largest record fills a message exactly"
+        );
+    }
+
+    /// Issue 10, item 4: an append above the message limit fails at once,
+    /// before any endpoint is tried. (The endpoint does not exist and the
+    /// deadline is long: old code retried it until the safety net.)
+    #[tokio::test]
+    async fn an_append_above_the_message_limit_is_refused_before_sending() {
+        let mut client = Client::new(vec!["127.0.0.1:1".into()], Duration::from_millis(100))
+            .with_deadline(Duration::from_secs(3600));
+        let err = tokio::time::timeout(
+            Duration::from_secs(120),
+            client.append(vec![vec![b'z'; MAX_MESSAGE_BYTES]]),
+        )
+        .await
+        .expect("the append is refused, not retried until its deadline")
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ClientError::TooLarge {
+                    records: 1,
+                    limit: MAX_MESSAGE_BYTES,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains(&MAX_MESSAGE_BYTES.to_string()),
+            "{err}"
+        );
+        assert_eq!(client.retries(), 0, "nothing was tried");
+    }
 }

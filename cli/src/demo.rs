@@ -538,10 +538,16 @@ async fn steps(cluster: &mut Cluster, config: &DemoConfig) -> StepResult<()> {
 
     step("Status of every node");
     for id in cluster.live() {
-        match status_of(cluster, id).await {
-            Some(s) => say(format!("    {}", describe(&s))),
-            None => return Err(format!("node {id} does not answer status").into()),
-        }
+        // Retried within the step's deadline: one attempt of POLL_TIMEOUT is
+        // short for a loaded machine.
+        let s = bounded("status", timeout, async {
+            client(cluster.endpoints(&[id]), timeout)
+                .status()
+                .await
+                .map_err(|e| Failure::Check(format!("node {id} does not answer status: {e}")))
+        })
+        .await?;
+        say(format!("    {}", describe(&s)));
     }
 
     step(&format!(

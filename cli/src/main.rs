@@ -8,11 +8,14 @@ mod records;
 mod serve;
 mod service;
 
-use std::io::{BufRead, Write};
+use std::io::{BufRead, Read, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use ringraft_client::client::{
+    MAX_APPEND_RECORDS_BYTES, MAX_MESSAGE_BYTES, MAX_RECORD_BYTES, append_record_bytes,
+};
 use ringraft_client::{Client, ClientError, Consistency};
 
 #[derive(Parser)]
@@ -242,6 +245,45 @@ fn client_error(e: ClientError) -> ExitCode {
     fail(e)
 }
 
+/// Appends `batch` and prints each record's index, one per line.
+async fn append_printing(
+    client: &mut Client,
+    batch: Vec<Vec<u8>>,
+    out: &mut impl Write,
+) -> Result<(), ClientError> {
+    for index in client.append(batch).await? {
+        let _ = writeln!(out, "{index}");
+    }
+    Ok(())
+}
+
+/// The next line of `input` (line `line_no`) without its line end, or `None`
+/// at the end. A line too long for any Append request is refused once its
+/// first [`MAX_RECORD_BYTES`] + 2 bytes are read, without reading the rest.
+fn next_record(input: &mut impl BufRead, line_no: u64) -> Result<Option<Vec<u8>>, String> {
+    let mut line = Vec::new();
+    let read = input
+        .by_ref()
+        .take(MAX_RECORD_BYTES as u64 + 2)
+        .read_until(b'\n', &mut line)
+        .map_err(|e| format!("stdin: {e}"))?;
+    if read == 0 {
+        return Ok(None);
+    }
+    if line.last() == Some(&b'\n') {
+        line.pop();
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
+    }
+    if line.len() > MAX_RECORD_BYTES {
+        return Err(format!(
+            "stdin line {line_no} is longer than {MAX_RECORD_BYTES} bytes, the largest record an append can carry within the client API's message limit of {MAX_MESSAGE_BYTES} bytes; no node accepts it"
+        ));
+    }
+    Ok(Some(line))
+}
+
 fn parse_consistency(s: &str) -> Result<Consistency, String> {
     match s {
         "linearizable" => Ok(Consistency::Linearizable),
@@ -318,30 +360,42 @@ async fn run(cli: Cli) -> ExitCode {
                     Err(e) => client_error(e),
                 };
             }
-            // One record per stdin line, in batches of what is available.
-            let stdin = std::io::stdin();
+            // One record per stdin line, in batches of what is available,
+            // each small enough for one request.
+            let mut stdin = std::io::stdin().lock();
             let mut batch = Vec::new();
-            for line in stdin.lock().lines() {
-                let line = match line {
-                    Ok(l) => l,
-                    Err(e) => return fail(format!("stdin: {e}")),
-                };
-                batch.push(line.into_bytes());
-                if batch.len() == 256 {
-                    match client.append(std::mem::take(&mut batch)).await {
-                        Ok(indexes) => indexes.iter().for_each(|i| {
-                            let _ = writeln!(out, "{i}");
-                        }),
-                        Err(e) => return client_error(e),
+            let mut batch_bytes = 0;
+            for line_no in 1.. {
+                let next = next_record(&mut stdin, line_no);
+                // The batch goes before a line that would not fit in its
+                // request, at the end, and before failing on a bad line.
+                let send = match &next {
+                    Ok(Some(line)) => {
+                        batch_bytes + append_record_bytes(line.len()) > MAX_APPEND_RECORDS_BYTES
                     }
+                    Ok(None) | Err(_) => true,
+                };
+                if send && !batch.is_empty() {
+                    let batch = std::mem::take(&mut batch);
+                    if let Err(e) = append_printing(&mut client, batch, &mut out).await {
+                        return client_error(e);
+                    }
+                    batch_bytes = 0;
                 }
-            }
-            if !batch.is_empty() {
-                match client.append(batch).await {
-                    Ok(indexes) => indexes.iter().for_each(|i| {
-                        let _ = writeln!(out, "{i}");
-                    }),
-                    Err(e) => return client_error(e),
+                match next {
+                    Ok(Some(line)) => {
+                        batch_bytes += append_record_bytes(line.len());
+                        batch.push(line);
+                    }
+                    Ok(None) => break,
+                    Err(e) => return fail(e),
+                }
+                if batch.len() == 256 {
+                    let batch = std::mem::take(&mut batch);
+                    if let Err(e) = append_printing(&mut client, batch, &mut out).await {
+                        return client_error(e);
+                    }
+                    batch_bytes = 0;
                 }
             }
             ExitCode::SUCCESS
@@ -363,6 +417,11 @@ async fn run(cli: Cli) -> ExitCode {
                 Ok(c) => c,
                 Err(e) => return fail(e),
             };
+            if follow && let Some(to) = to.filter(|to| *to < from) {
+                // Nothing can ever arrive: refuse instead of waiting forever
+                // (the server refuses an empty range of a plain read itself).
+                return fail(format!("range {from}..={to} is empty"));
+            }
             let mut client = if follow {
                 endpoints.client()
             } else {
@@ -388,7 +447,16 @@ async fn run(cli: Cli) -> ExitCode {
                     Ok(s) => s,
                     Err(e) => return client_error(e),
                 };
-                while let Ok(Some(r)) = stream.message().await {
+                loop {
+                    let r = match stream.message().await {
+                        Ok(Some(r)) => r,
+                        Ok(None) => break,
+                        // The same request would fail again anywhere.
+                        Err(status) if !ringraft_client::client::retryable(&status) => {
+                            return client_error(ClientError::Refused(status));
+                        }
+                        Err(_) => break,
+                    };
                     if to.is_some_and(|t| r.index > t) {
                         return ExitCode::SUCCESS;
                     }

@@ -321,7 +321,18 @@ impl Log for LogService {
         &self,
         request: Request<PromoteRequest>,
     ) -> Result<Response<MembersResponse>, Status> {
-        let ids = request.into_inner().ids.into_iter().collect();
+        let ids: std::collections::BTreeSet<u64> = request.into_inner().ids.into_iter().collect();
+        // Refused here, not by Raft: its refusal maps to a status that
+        // clients retry until their deadline. Only the leader's membership
+        // is current (a follower sends the client on to the leader).
+        let s = self.node.status();
+        if s.state == "Leader"
+            && let Some(id) = ids.iter().find(|id| !s.members.contains_key(id))
+        {
+            return Err(Status::invalid_argument(format!(
+                "node {id} is not a member; add it as a learner first"
+            )));
+        }
         self.node.promote(ids).await.map_err(status)?;
         Ok(Response::new(MembersResponse {
             members: members_of(&self.node),
@@ -332,7 +343,16 @@ impl Log for LogService {
         &self,
         request: Request<RemoveRequest>,
     ) -> Result<Response<MembersResponse>, Status> {
-        let ids = request.into_inner().ids.into_iter().collect();
+        let ids: std::collections::BTreeSet<u64> = request.into_inner().ids.into_iter().collect();
+        // Refused here, not by Raft: its refusal maps to a status that
+        // clients retry until their deadline. Only the leader's membership
+        // is current (a follower sends the client on to the leader).
+        let s = self.node.status();
+        if s.state == "Leader" && s.voters.is_subset(&ids) {
+            return Err(Status::invalid_argument(
+                "removing every voter would leave the cluster without a voter",
+            ));
+        }
         self.node.remove(ids).await.map_err(status)?;
         Ok(Response::new(MembersResponse {
             members: members_of(&self.node),

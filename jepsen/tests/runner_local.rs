@@ -65,7 +65,10 @@ fn config(out: PathBuf, seed: u64, nemeses: &[Fault], planted: Option<&str>) -> 
         ringraft_bin: daemon(),
         jepsen_bin: PathBuf::from(env!("CARGO_BIN_EXE_ringraft-jepsen")),
         lab_sh: PathBuf::from("/nonexistent"),
-        converge_timeout: Duration::from_secs(20),
+        // A safety net, not a budget: the runner stops waiting as soon as
+        // the nodes agree, and a node read before it caught up (a loaded
+        // machine catches up slowly) would lack acknowledged appends.
+        converge_timeout: Duration::from_secs(300),
     }
 }
 

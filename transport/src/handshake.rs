@@ -498,7 +498,9 @@ mod tests {
         (c, srv.await.unwrap())
     }
 
-    #[tokio::test]
+    // Paused time: the handshake timeouts cannot fire while either side
+    // still has work, however slow the machine.
+    #[tokio::test(start_paused = true)]
     async fn both_sides_prove_the_secret_then_reveal() {
         let (c, s) = run(secret("k"), secret("k")).await;
         let c = c.unwrap();
@@ -509,7 +511,9 @@ mod tests {
         assert_eq!(s.peer.reveal.app_data, b"client-data");
     }
 
-    #[tokio::test]
+    // Paused time: the handshake timeouts cannot fire while either side
+    // still has work, however slow the machine.
+    #[tokio::test(start_paused = true)]
     async fn a_wrong_secret_reveals_nothing() {
         let revealed = std::sync::atomic::AtomicBool::new(false);
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
@@ -532,7 +536,9 @@ mod tests {
         assert!(srv.await.unwrap().is_err());
     }
 
-    #[tokio::test]
+    // Paused time: the handshake timeouts cannot fire while either side
+    // still has work, however slow the machine.
+    #[tokio::test(start_paused = true)]
     async fn garbage_and_oversized_frames_are_protocol_errors() {
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
         let t = Duration::from_secs(5);

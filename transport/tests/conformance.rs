@@ -65,17 +65,20 @@ async fn tcp_passes_the_suite_against_a_remote_peer() {
         );
     let a = Device::tcp(config(1, suite_secret()));
     let outsider = Device::tcp(config(9, wrong_secret()));
-    let mut peer = None;
-    for _ in 0..50 {
+    // Until the server task listens (a safety net, not a budget).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let mut peer = loop {
         match RemotePeer::connect(&a, &control_addr).await {
-            Ok(p) => {
-                peer = Some(p);
-                break;
+            Ok(p) => break p,
+            Err(e) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "control connection: {e}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await
             }
-            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
         }
-    }
-    let mut peer = peer.expect("control connection");
+    };
     let results = conformance::run(&a, &outsider, &mut peer, "").await;
     let finished = peer.finish().await;
     let served = server.await.unwrap();
