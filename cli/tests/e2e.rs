@@ -760,15 +760,32 @@ fn bad_configuration_is_refused_at_start() {
 }
 
 /// Runs `ringraft` with `args` to completion, or kills it after `limit`
-/// (SIGTERM first, so that it can stop what it started).
+/// (SIGTERM first, so that it can stop what it started) and fails the test.
 fn run_bounded(args: &[&str], limit: Duration) -> Output {
+    run_bounded_with(args, None, limit)
+}
+
+/// Like [`run_bounded`], with `input` on its stdin (a client that refuses
+/// and exits before it read everything is fine: the broken pipe is
+/// ignored).
+fn run_bounded_with(args: &[&str], input: Option<Vec<u8>>, limit: Duration) -> Output {
     let mut child = Command::new(BIN)
         .args(args)
-        .stdin(Stdio::null())
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let writer = input.map(|input| {
+        let mut stdin = child.stdin.take().unwrap();
+        std::thread::spawn(move || {
+            let _ = stdin.write_all(&input);
+        })
+    });
     let mut stdout = child.stdout.take().unwrap();
     let mut stderr = child.stderr.take().unwrap();
     let out_reader = std::thread::spawn(move || {
@@ -793,14 +810,17 @@ fn run_bounded(args: &[&str], limit: Duration) -> Output {
             std::thread::sleep(Duration::from_secs(10));
             let _ = child.kill();
             let _ = child.wait();
-            let stdout = out_reader.join().unwrap();
             panic!(
-                "ringraft {args:?} did not finish within {limit:?}; its output:\n{}",
-                String::from_utf8_lossy(&stdout)
+                "ringraft {args:?} did not finish within {limit:?} (it hangs); its output:\n{}\n{}",
+                String::from_utf8_lossy(&out_reader.join().unwrap()),
+                String::from_utf8_lossy(&err_reader.join().unwrap())
             );
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(50));
     };
+    if let Some(writer) = writer {
+        writer.join().unwrap();
+    }
     Output {
         status,
         stdout: out_reader.join().unwrap(),
@@ -1081,57 +1101,15 @@ fn streamed_lines_keep_their_order_in_the_log() {
     }
 }
 
-/// Runs `ringraft` with `args` on `input`, or kills it after `limit` and
-/// fails the test: a client that is still running then hangs.
+/// Runs the client command `args` against `endpoints` on `input`, or kills
+/// it after `limit` and fails the test: a client still running then hangs.
 fn cli_bounded(endpoints: &str, args: &[&str], input: Vec<u8>, limit: Duration) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .arg("--endpoints")
-        .arg(endpoints)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    // The client may refuse (and exit) before it read everything: a broken
-    // pipe here is expected.
-    let writer = std::thread::spawn(move || {
-        let _ = stdin.write_all(&input);
-    });
-    let mut stdout = child.stdout.take().unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let out_reader = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = stdout.read_to_end(&mut v);
-        v
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = stderr.read_to_end(&mut v);
-        v
-    });
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "ringraft {args:?} still ran after {limit:?} (it hangs); stderr:\n{}",
-                String::from_utf8_lossy(&err_reader.join().unwrap())
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    writer.join().unwrap();
-    Output {
-        status,
-        stdout: out_reader.join().unwrap(),
-        stderr: err_reader.join().unwrap(),
-    }
+    let args: Vec<&str> = args
+        .iter()
+        .copied()
+        .chain(["--endpoints", endpoints])
+        .collect();
+    run_bounded_with(&args, Some(input), limit)
 }
 
 /// Issue 10, item 4: the CLI must not hang on input no node can accept. A
