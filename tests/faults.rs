@@ -182,7 +182,12 @@ async fn a_follower_with_a_damaged_ring_recovers_and_never_applies_a_corrupt_ent
 async fn a_node_corrupt_inside_grants_no_vote_and_the_lossy_election_does_not_happen() {
     let mut c = Cluster::start(Kind::Inproc, 3, Durability::Memory, 5).await;
     let mut acked = Vec::new();
-    write_n(&c, "early", 10, &mut acked).await;
+    let early = write_n(&c, "early", 10, &mut acked).await;
+    // Stop the lagging node only once it holds those: stopped while the
+    // leader still WRITEs into its ring, it may come back "corrupt inside"
+    // itself (a zeroed batch below a pipelined one), and then it would not
+    // stand for election either.
+    c.wait_applied(early, T).await;
     let a = c.leader().await;
     let others: Vec<u64> = (1..=3).filter(|id| *id != a).collect();
     let (b, lagging) = (others[0], others[1]);
@@ -224,8 +229,9 @@ async fn a_node_corrupt_inside_grants_no_vote_and_the_lossy_election_does_not_ha
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the lagging node did not stand for election three times: {:?}",
-            c.node(lagging).status()
+            "the lagging node did not stand for election three times: {:?} (votes blocked: {})",
+            c.node(lagging).status(),
+            c.node(lagging).log_store().votes_blocked(),
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -243,27 +249,55 @@ async fn a_node_corrupt_inside_grants_no_vote_and_the_lossy_election_does_not_ha
     );
 }
 
+/// Runs the membership change `change` through the leader agreed among
+/// `among`, retrying through leader changes (on a loaded machine leadership
+/// may move right after the first election). It waits first until the
+/// leader's latest membership is committed: openraft refuses a change while
+/// the previous one is not ("in progress"), which a slow machine shows
+/// right after the election (the initial membership) and after a leader
+/// change.
+async fn change_membership<F, Fut>(c: &Cluster, among: &[u64], what: &str, change: F)
+where
+    F: Fn(ringraft::Node) -> Fut,
+    Fut: std::future::Future<Output = Result<(), NodeError>>,
+{
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not done within {T:?}"
+        );
+        let leader = c.leader_among(among, T).await;
+        let node = c.node(leader).clone();
+        let settled = {
+            use openraft::async_runtime::WatchReceiver;
+            let m = node.watch().borrow_watched().clone();
+            m.membership_config.log_id() == m.committed_membership_config.log_id()
+        };
+        if !settled {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        }
+        match change(node).await {
+            Ok(()) => return,
+            Err(e @ (NodeError::NotLeader { .. } | NodeError::Unknown(_))) => {
+                tracing::debug!(error = %e, "{what}: retried");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn membership_changes_under_load() {
     let mut c = Cluster::start(Kind::Inproc, 5, Durability::Memory, 6).await;
     // Start with 3 voters: remove 4 and 5, then add them back as learners
     // and promote them, while clients write.
-    // (Through whoever leads: on a loaded machine leadership may move
-    // right after the first election.)
-    let deadline = tokio::time::Instant::now() + T;
-    loop {
-        let leader = c.leader().await;
-        match c.node(leader).remove([4, 5].into()).await {
-            Ok(_) => break,
-            Err(e @ (NodeError::NotLeader { .. } | NodeError::Unknown(_)))
-                if tokio::time::Instant::now() < deadline =>
-            {
-                tracing::debug!(error = %e, "membership change retried");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("removing 4 and 5: {e}"),
-        }
-    }
+    change_membership(&c, &[1, 2, 3, 4, 5], "removing 4 and 5", |n| async move {
+        n.remove([4, 5].into()).await
+    })
+    .await;
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(std::sync::Mutex::new(Vec::new()));
     let cluster = Arc::new(tokio::sync::RwLock::new(()));
@@ -312,14 +346,16 @@ async fn membership_changes_under_load() {
         std::fs::create_dir_all(&dir).unwrap();
         c.boot(id).await.unwrap();
         let addr = c.members[&id].config.listen.clone();
-        let leader = c.leader_among(&[1, 2, 3], T).await;
-        c.node(leader).add_learner(id, addr).await.unwrap();
+        change_membership(&c, &[1, 2, 3], "adding a learner", |n| {
+            let addr = addr.clone();
+            async move { n.add_learner(id, addr).await }
+        })
+        .await;
     }
-    let leader = c.leader_among(&[1, 2, 3], T).await;
-    c.node(leader)
-        .promote(BTreeSet::from([4, 5]))
-        .await
-        .unwrap();
+    change_membership(&c, &[1, 2, 3], "promoting 4 and 5", |n| async move {
+        n.promote(BTreeSet::from([4, 5])).await
+    })
+    .await;
     // And it goes on with five voters.
     let during = acked.lock().unwrap().len();
     acked_at_least(during + 10).await;
