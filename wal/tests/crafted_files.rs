@@ -171,8 +171,7 @@ fn adoption_rejects_a_record_with_index_u64_max() {
     let dir = tempfile::tempdir().unwrap();
     let mut wal = open(dir.path());
     let e = epoch(1, 1);
-    take_fence(wal.ring(), e);
-    let mut header = RecordHeader {
+    let header = RecordHeader {
         kind: RecordKind::Entry,
         payload_len: 3,
         lsn: 0,
@@ -182,23 +181,7 @@ fn adoption_rejects_a_record_with_index_u64_max() {
         epoch: e,
         crc: 0,
     };
-    let sealed = header.seal(b"abc");
-    let data = wal.ring().regions().data;
-    // SAFETY: in bounds of the data area; the test plays the remote writer
-    // and is the only one writing.
-    unsafe {
-        std::ptr::copy_nonoverlapping(sealed.as_ptr(), data.addr, 64);
-        std::ptr::copy_nonoverlapping(b"abc".as_ptr(), data.addr.add(64), 3);
-    }
-    let result = wal.ring_mut().adopt(AdoptRequest {
-        from_lsn: 0,
-        to_lsn: 128,
-        entries: 1,
-        last: Some(LogPos {
-            term: 1,
-            index: u64::MAX,
-        }),
-    });
+    let result = adopt_one(&mut wal, header, b"abc");
     assert!(
         matches!(
             result,
@@ -399,21 +382,7 @@ fn a_first_record_whose_prev_term_is_above_its_term_is_not_recovered() {
     // The same record from the fence holder is not adopted.
     let dir = tempfile::tempdir().unwrap();
     let mut wal = open(dir.path());
-    take_fence(wal.ring(), e);
-    let mut header = record;
-    let sealed = header.seal(b"ab");
-    let data = wal.ring().regions().data;
-    // SAFETY: in bounds of the data area; the test is the only writer.
-    unsafe {
-        std::ptr::copy_nonoverlapping(sealed.as_ptr(), data.addr, 64);
-        std::ptr::copy_nonoverlapping(b"ab".as_ptr(), data.addr.add(64), 2);
-    }
-    let result = wal.ring_mut().adopt(AdoptRequest {
-        from_lsn: 0,
-        to_lsn: 128,
-        entries: 1,
-        last: Some(LogPos { term: 1, index: 0 }),
-    });
+    let result = adopt_one(&mut wal, record, b"ab");
     assert!(
         matches!(
             result,
@@ -459,4 +428,33 @@ fn entries_written_under_a_higher_record_limit_stay_readable() {
             payload(index, (index as usize + 2) * MAX_RECORD as usize)
         );
     }
+}
+
+/// Plays the fence holder (of `header.epoch`): writes one record of
+/// `payload` (at most 64 bytes) at lsn 0 of an empty ring, as a remote
+/// WRITE would, and asks to adopt it as the entry its header names.
+fn adopt_one(
+    wal: &mut Wal,
+    mut header: RecordHeader,
+    payload: &[u8],
+) -> ringraft_wal::Result<ringraft_wal::Extended> {
+    assert!(payload.len() <= 64);
+    take_fence(wal.ring(), header.epoch);
+    let sealed = header.seal(payload);
+    let data = wal.ring().regions().data;
+    // SAFETY: in bounds of the data area (two lines); the test plays the
+    // remote writer and is the only one writing.
+    unsafe {
+        std::ptr::copy_nonoverlapping(sealed.as_ptr(), data.addr, 64);
+        std::ptr::copy_nonoverlapping(payload.as_ptr(), data.addr.add(64), payload.len());
+    }
+    wal.ring_mut().adopt(AdoptRequest {
+        from_lsn: 0,
+        to_lsn: 128,
+        entries: 1,
+        last: Some(LogPos {
+            term: header.term,
+            index: header.index,
+        }),
+    })
 }
