@@ -222,12 +222,6 @@ fn streaming_error(f: Failure) -> StreamingError<TypeConfig> {
     }
 }
 
-/// Largest logical offset a follower may report. An lsn counts the bytes
-/// written into a ring since it was made: 2^62 bytes take over a century at
-/// 1 GB/s, and the bound leaves room above it for any batch and capacity, so
-/// that arithmetic on offsets a peer sent cannot overflow.
-pub const MAX_PEER_LSN: u64 = 1 << 62;
-
 // What a follower sends (its handshake, its grants, its answers, what its NIC
 // returns to READs) is input from the network: checked before any use, a
 // bad value is an error of that exchange, never a panic of the leader.
@@ -278,10 +272,13 @@ fn check_tail(tail: &Tail, capacity: u64) -> Result<(), String> {
             tail.next_lsn
         ));
     }
-    if tail.next_lsn > MAX_PEER_LSN {
+    // The wal's bound on positions leaves room for two capacities above
+    // it: arithmetic on offsets a peer sent cannot overflow.
+    if tail.next_lsn > ringraft_wal::layout::MAX_LSN {
         return Err(format!(
-            "its tail {} is beyond {MAX_PEER_LSN}",
-            tail.next_lsn
+            "its tail {} is beyond the end of the lsn space {}",
+            tail.next_lsn,
+            ringraft_wal::layout::MAX_LSN
         ));
     }
     if tail.head_lsn > tail.next_lsn {
@@ -587,7 +584,7 @@ impl PeerNet {
         let deadline = tokio::time::Instant::now() + RING_FULL_WAIT;
         let mut backoff = Duration::from_millis(1);
         // The head and the tail were checked (the tail is at most
-        // MAX_PEER_LSN): `head + capacity` does not overflow. The follower
+        // the wal's MAX_LSN): `head + capacity` does not overflow. The follower
         // keeps RAFT_RESERVE_BYTES of its ring for the entries openraft
         // writes itself (were it elected with a ring filled to the brim,
         // it could not append its blank entry: item 2 of issue 10).
