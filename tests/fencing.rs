@@ -360,6 +360,7 @@ async fn raising_its_own_fence_revokes_the_old_holders_write_access() {
     );
     let store = LogStore::new(wal, 2, Durability::Memory, Arc::new(guard.clone()));
     guard.bind(&store);
+    store.start_flusher(|| {}).expect("flusher");
     ring.keep_alive(store.clone());
     let hello = Hello {
         cluster_id: CLUSTER_ID,

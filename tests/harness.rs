@@ -234,6 +234,19 @@ impl Cluster {
             .unwrap_or_else(|| panic!("node {id} is down"))
     }
 
+    /// The ring configuration of member `id` (to open its stopped data
+    /// directory).
+    pub fn ring_config(&self, id: u64) -> ringraft_wal::RingConfig {
+        let cfg = &self.members[&id].config;
+        ringraft_wal::RingConfig {
+            capacity: cfg.ring_capacity,
+            max_record_bytes: cfg.max_record_bytes,
+            cluster_id: cfg.cluster_id,
+            node_id: id,
+            lock_memory: false,
+        }
+    }
+
     /// The data directory of node `id`.
     pub fn data_dir(&self, id: u64) -> PathBuf {
         self.members[&id].config.data_dir.clone()
@@ -322,6 +335,106 @@ impl Cluster {
                         self.node(id).status()
                     )
                 });
+        }
+    }
+}
+
+/// Damage to a stopped node's log, wherever it keeps an entry (its ring,
+/// its segments, or both): what a torn write or a flipped bit on disk
+/// leaves for recovery to find.
+pub mod damage {
+    use super::Cluster;
+
+    /// The ring file of node `id`.
+    pub fn ring_path(c: &Cluster, id: u64) -> std::path::PathBuf {
+        c.data_dir(id).join("ring")
+    }
+
+    /// Where entry `index` of node `id`'s (stopped) log lies: in its ring (a
+    /// byte offset in the ring file) and in its segments (a file and an offset).
+    /// The log keeps an entry in one or both.
+    pub struct Place {
+        pub ring: Option<u64>,
+        pub segment: Option<(std::path::PathBuf, u64)>,
+    }
+
+    pub fn place_of(c: &Cluster, id: u64, index: u64) -> Place {
+        let wal = ringraft_wal::Wal::open(&c.data_dir(id), &c.ring_config(id)).unwrap();
+        let ring = wal
+            .ring()
+            .read(index)
+            .ok()
+            .map(|r| 4096 + r.lsn % c.members[&id].config.ring_capacity);
+        drop(wal);
+        let mut segment = None;
+        let mut files: Vec<_> =
+            std::fs::read_dir(c.data_dir(id).join(ringraft_wal::segment::SEGMENT_DIR))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+        files.sort();
+        for path in files {
+            let bytes = std::fs::read(&path).unwrap();
+            let mut at = ringraft_wal::segment::SEGMENT_HEADER_BYTES;
+            while at + 64 <= bytes.len() {
+                let header: &[u8; 64] = bytes[at..at + 64].try_into().unwrap();
+                let Ok(h) = ringraft_wal::record::RecordHeader::decode(header) else {
+                    break;
+                };
+                if h.index == index {
+                    segment = Some((path.clone(), at as u64));
+                }
+                at += h.record_len() as usize;
+            }
+        }
+        assert!(
+            ring.is_some() || segment.is_some(),
+            "node {id}'s log does not hold {index}"
+        );
+        Place { ring, segment }
+    }
+
+    /// Node `id` (stopped) loses its log from entry `index` on, as a torn
+    /// write would leave it: zeroes over the ring's records and the segments'.
+    pub fn zero_from(c: &Cluster, id: u64, index: u64) {
+        use std::os::unix::fs::FileExt;
+        let place = place_of(c, id, index);
+        if let Some(at) = place.ring {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(ring_path(c, id))
+                .unwrap();
+            let capacity = c.members[&id].config.ring_capacity;
+            let len = (4096 + capacity - at).min(4096);
+            f.write_all_at(&vec![0u8; len as usize], at).unwrap();
+        }
+        if let Some((path, at)) = place.segment {
+            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            let len = f.metadata().unwrap().len();
+            f.write_all_at(&vec![0u8; (len - at) as usize], at).unwrap();
+        }
+    }
+
+    /// Flips one bit of entry `index`'s payload in node `id`'s (stopped) log,
+    /// wherever the log keeps it.
+    pub fn flip_bit(c: &Cluster, id: u64, index: u64) {
+        use std::os::unix::fs::FileExt;
+        let place = place_of(c, id, index);
+        let flip = |path: &std::path::Path, at: u64| {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .unwrap();
+            let mut b = [0u8];
+            f.read_exact_at(&mut b, at + 70).unwrap();
+            f.write_all_at(&[b[0] ^ 0x10], at + 70).unwrap();
+        };
+        if let Some(at) = place.ring {
+            flip(&ring_path(c, id), at);
+        }
+        if let Some((path, at)) = place.segment {
+            flip(&path, at);
         }
     }
 }

@@ -388,29 +388,7 @@ async fn a_node_whose_log_is_corrupt_inside_refuses_a_leadership_transfer() {
     // b's log breaks inside (well-formed records after the break); b comes
     // back alone, its vote the leader's.
     let cfg = c.members[&b].config.clone();
-    let ring_config = ringraft_wal::RingConfig {
-        capacity: cfg.ring_capacity,
-        max_record_bytes: cfg.max_record_bytes,
-        cluster_id: cfg.cluster_id,
-        node_id: b,
-        lock_memory: false,
-    };
-    let lsn = {
-        let wal = ringraft_wal::Wal::open(&cfg.data_dir, &ring_config).unwrap();
-        wal.ring().read(last - 10).unwrap().lsn
-    };
-    {
-        use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(cfg.data_dir.join("ring"))
-            .unwrap();
-        let at = 4096 + lsn % cfg.ring_capacity + 70;
-        let mut byte = [0u8];
-        f.read_exact_at(&mut byte, at).unwrap();
-        f.write_all_at(&[byte[0] ^ 0x10], at).unwrap();
-    }
+    ringraft_tests::damage::flip_bit(&c, b, last - 10);
     c.boot(b).await.unwrap();
     assert!(c.node(b).log_store().votes_blocked());
     let vote_of_b = || async {

@@ -10,6 +10,8 @@
 //!   they reach openraft;
 //! - [`log_store`]: openraft's log storage over the ring (local appends,
 //!   adoption in place, durability modes, revocation on term change);
+//! - [`flusher`]: group commit beside the Raft core: the ring's records
+//!   into the segment log, one write and one flush per round;
 //! - [`state_machine`]: the application's [`StateMachine`] with client
 //!   sessions and durable snapshots;
 //! - [`protocol`]: the control plane's messages;
@@ -22,6 +24,7 @@
 
 pub mod admission;
 pub mod fencing;
+pub mod flusher;
 pub mod hooks;
 pub mod log_store;
 pub mod metrics;

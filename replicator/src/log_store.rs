@@ -33,6 +33,7 @@ use ringraft_wal::{
     AdoptRequest, EntryRef, Epoch, LogPos, PreparedAdoption, VoteRecord, Wal, WalError,
 };
 
+use crate::flusher::{FlushShared, Flusher, SegmentOp, SegmentSink, Waiter};
 use crate::types::{Entry, LogId, TypeConfig, Vote, log_id, term_of};
 
 /// When an entry counts as stored.
@@ -86,8 +87,8 @@ impl RingGuard for LocalGuard {
     }
 }
 
-struct Inner {
-    wal: Mutex<Wal>,
+pub(crate) struct Inner {
+    pub(crate) wal: Mutex<Wal>,
     node_id: u64,
     durability: Durability,
     guard: Arc<dyn RingGuard>,
@@ -100,6 +101,16 @@ struct Inner {
     /// While the log is corrupt inside (DESIGN.md, recovery): no vote may be
     /// granted until the log reaches this index.
     votes_blocked_until: Mutex<Option<u64>>,
+    /// The flusher's queue (`crate::flusher`).
+    flush: Arc<FlushShared>,
+    /// Held while the metadata file is written (outside the wal lock).
+    meta_io: Mutex<()>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.flush.stop();
+    }
 }
 
 /// The acceptor's side of adoption, shared by all its connections.
@@ -222,6 +233,7 @@ impl LogStore {
         guard: Arc<dyn RingGuard>,
     ) -> LogStore {
         let recovery = *wal.recovery();
+        let flush_from = wal.flush_from();
         let blocked = recovery.corrupt_inside().then(|| match recovery.damage {
             ringraft_wal::Damage::CorruptInside(ringraft_wal::Evidence::BelowWatermark {
                 acked,
@@ -250,6 +262,8 @@ impl LogStore {
                 adoptions: Mutex::new(Adoptions::default()),
                 adoptions_changed: tokio::sync::watch::channel(0).0,
                 votes_blocked_until: Mutex::new(blocked),
+                flush: Arc::new(FlushShared::new(flush_from)),
+                meta_io: Mutex::new(()),
             }),
         }
     }
@@ -261,6 +275,143 @@ impl LogStore {
     /// Runs `f` with the wal locked.
     pub fn with_wal<T>(&self, f: impl FnOnce(&mut Wal) -> T) -> T {
         f(&mut self.wal())
+    }
+
+    /// The node's flusher over `sink` (its segment log): run it on a thread
+    /// of its own ([`Flusher::run`]) or step it. Until it runs, `fsync`
+    /// appends are not acknowledged and the ring is not given room back.
+    pub fn flusher<S: SegmentSink>(&self, sink: S) -> Flusher<S> {
+        Flusher::new(
+            Arc::downgrade(&self.inner),
+            self.inner.flush.clone(),
+            self.inner.durability,
+            sink,
+        )
+    }
+
+    /// Takes the wal's segment log and runs the flusher over it on a
+    /// thread of its own (named for the node), which ends when the store
+    /// is dropped. `on_room` is called whenever it gives ring bytes back.
+    ///
+    /// # Errors
+    /// When the segment log was taken already or the thread cannot start.
+    pub fn start_flusher(&self, on_room: impl Fn() + Send + 'static) -> io::Result<()> {
+        let segments = self
+            .wal()
+            .take_segments()
+            .ok_or_else(|| io_err("the segment log is taken already: one flusher per store"))?;
+        let mut flusher = self.flusher(segments);
+        flusher.on_room(on_room);
+        std::thread::Builder::new()
+            .name(format!("ringraft-flush-{}", self.inner.node_id))
+            .spawn(move || flusher.run())
+            .map(drop)
+    }
+
+    /// Numbers a change just made to the ring and wakes the flusher;
+    /// `waiter` (if any) completes once the segments reflect it.
+    fn changed(&self, waiter: Option<Waiter>) {
+        let ready = {
+            let mut q = self.inner.flush.lock();
+            let number = q.changed();
+            waiter.and_then(|w| q.wait(number, w))
+        };
+        self.inner.flush.wake();
+        if let Some((waiter, result)) = ready {
+            waiter.complete(result);
+        }
+    }
+
+    /// Queues `op` behind every change made so far (call with the wal lock
+    /// held, right after the ring took the same change) and returns the
+    /// receiver that says when the segments reflect it.
+    fn queue_op(&self, op: SegmentOp) -> tokio::sync::oneshot::Receiver<io::Result<()>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let ready = {
+            let mut q = self.inner.flush.lock();
+            let number = q.queue_op(op);
+            q.wait(number, Waiter::Done(tx))
+        };
+        self.inner.flush.wake();
+        if let Some((waiter, result)) = ready {
+            waiter.complete(result);
+        }
+        rx
+    }
+
+    /// Waits until the segments reflect every change made so far.
+    async fn flushed(&self) -> io::Result<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let ready = {
+            let mut q = self.inner.flush.lock();
+            let number = q.submitted();
+            q.wait(number, Waiter::Done(tx))
+        };
+        self.inner.flush.wake();
+        if let Some((waiter, result)) = ready {
+            waiter.complete(result);
+        }
+        rx.await.map_err(|_| io_err("the flusher stopped"))?
+    }
+
+    /// Stores the metadata `change` makes of the current one (`None`: no
+    /// change) durably, then takes it: blocking, for a blocking thread. The
+    /// wal lock is not held across the write (readers and appends go on);
+    /// `meta_io` keeps two writers from losing each other's change.
+    fn store_meta(
+        &self,
+        change: impl FnOnce(&Wal) -> Option<(std::path::PathBuf, ringraft_wal::Meta)>,
+    ) -> io::Result<bool> {
+        let _writer = self.inner.meta_io.lock().expect("meta io lock");
+        let Some((path, meta)) = change(&self.wal()) else {
+            return Ok(false);
+        };
+        meta.store(&path).map_err(io_err)?;
+        self.wal().set_meta(meta);
+        Ok(true)
+    }
+
+    /// Entries `start..end` (cut to the log), from the ring, or from the
+    /// segments for those the ring gave back (read without the wal lock).
+    pub fn read_entries(&self, start: u64, end: u64) -> io::Result<Vec<Entry>> {
+        let (start, end, ring_first, reader) = {
+            let wal = self.wal();
+            let ring = wal.ring();
+            (
+                start.max(wal.first_index()),
+                end.min(ring.next_index()),
+                ring.first_index(),
+                wal.segment_reader(),
+            )
+        };
+        let mut out = Vec::with_capacity(end.saturating_sub(start).min(4096) as usize);
+        if start < end.min(ring_first) {
+            for record in reader
+                .read_range(start, end.min(ring_first), u64::MAX)
+                .map_err(io_err)?
+            {
+                out.push(decode_entry(record.term, record.index, &record.payload)?);
+            }
+        }
+        let from = start.max(ring_first);
+        if from < end {
+            let wal = self.wal();
+            let ring = wal.ring();
+            for index in from..end {
+                match ring.read(index) {
+                    Ok(record) => out.push(decode_entry(record.term, index, record.payload)?),
+                    // Given back to the segments since the range was taken.
+                    Err(WalError::NotInLog { .. }) if index < ring.first_index() => {
+                        drop(wal);
+                        let mut rest = self.read_entries(index, end)?;
+                        out.append(&mut rest);
+                        return Ok(out);
+                    }
+                    Err(e) => return Err(io_err(e)),
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// This node's id.
@@ -493,27 +644,6 @@ impl LogStore {
         Ok(fence)
     }
 
-    async fn make_durable(&self, last_index: u64) -> io::Result<()> {
-        match self.inner.durability {
-            Durability::Memory => {
-                self.wal().ring().mark_acked(last_index);
-                Ok(())
-            }
-            Durability::Fsync => {
-                let store = self.clone();
-                tokio::task::spawn_blocking(move || {
-                    store
-                        .wal()
-                        .ring_mut()
-                        .sync_and_ack(last_index)
-                        .map_err(io_err)
-                })
-                .await
-                .map_err(io_err)?
-            }
-        }
-    }
-
     async fn append_local(&self, entries: &[Entry]) -> io::Result<()> {
         let max_term = entries
             .iter()
@@ -608,26 +738,17 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, io::Error> {
-        let wal = self.wal();
-        let ring = wal.ring();
         let start = match range.start_bound() {
             std::ops::Bound::Included(i) => *i,
             std::ops::Bound::Excluded(i) => i + 1,
             std::ops::Bound::Unbounded => 0,
-        }
-        .max(ring.first_index());
+        };
         let end = match range.end_bound() {
             std::ops::Bound::Included(i) => i.saturating_add(1),
             std::ops::Bound::Excluded(i) => *i,
             std::ops::Bound::Unbounded => u64::MAX,
-        }
-        .min(ring.next_index());
-        let mut out = Vec::with_capacity(end.saturating_sub(start) as usize);
-        for index in start..end {
-            let record = ring.read(index).map_err(io_err)?;
-            out.push(decode_entry(record.term, index, record.payload)?);
-        }
-        Ok(out)
+        };
+        self.read_entries(start, end)
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
@@ -648,8 +769,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
         let wal = self.wal();
         Ok(LogState {
-            last_purged_log_id: wal.ring().last_purged().map(to_log_id),
-            last_log_id: wal.ring().last_log().map(to_log_id),
+            last_purged_log_id: wal.last_purged().map(to_log_id),
+            last_log_id: wal.ring().last_log().or(wal.last_purged()).map(to_log_id),
         })
     }
 
@@ -670,7 +791,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             self.inner.guard.revoke()?;
         }
         let store = self.clone();
-        tokio::task::spawn_blocking(move || store.wal().save_vote(record).map_err(io_err))
+        tokio::task::spawn_blocking(move || store.store_meta(|wal| Some(wal.vote_meta(record))))
             .await
             .map_err(io_err)??;
         if term_advances {
@@ -698,7 +819,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             return Ok(None);
         };
         let index = hint.min(ring.next_index().saturating_sub(1));
-        Ok(ring.term_of(index).map(|term| log_id(term, index)))
+        Ok(wal.term_of(index).map(|term| log_id(term, index)))
     }
 
     async fn append<I>(
@@ -715,21 +836,22 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             callback.io_completed(Ok(()));
             return Ok(());
         };
-        let result = async {
-            self.append_entries(&entries).await?;
-            self.make_durable(last).await
+        if let Err(e) = self.append_entries(&entries).await {
+            callback.io_completed(Err(io::Error::new(e.kind(), e.to_string())));
+            return Err(e);
         }
-        .await;
-        match result {
-            Ok(()) => {
+        match self.inner.durability {
+            // In shared memory: survives a killed process. The flusher
+            // writes it to the segments later, unflushed.
+            Durability::Memory => {
+                self.wal().ring().mark_acked(last);
+                self.changed(None);
                 callback.io_completed(Ok(()));
-                Ok(())
             }
-            Err(e) => {
-                callback.io_completed(Err(io::Error::new(e.kind(), e.to_string())));
-                Err(e)
-            }
+            // Acknowledged once the flusher's flush covers it.
+            Durability::Fsync => self.changed(Some(Waiter::Io(callback))),
         }
+        Ok(())
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
@@ -739,25 +861,34 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         for pending in self.adoptions().pending.values_mut() {
             pending.clobbered = true;
         }
-        self.wal()
-            .ring_mut()
-            .truncate_after(last_log_id.map(|l| l.index))
-            .map_err(io_err)?;
-        if self.inner.durability == Durability::Fsync {
-            let store = self.clone();
-            tokio::task::spawn_blocking(move || store.wal().ring_mut().sync().map_err(io_err))
-                .await
-                .map_err(io_err)??;
-        }
-        Ok(())
+        // openraft's writes complete in order: the appends before this
+        // truncation complete first.
+        self.flushed().await?;
+        let done = {
+            let mut wal = self.wal();
+            wal.truncate_after(last_log_id.map(|l| pos(&l)))
+                .map_err(io_err)?;
+            self.queue_op(SegmentOp::TruncateAfter(last_log_id.map(|l| l.index)))
+        };
+        done.await.map_err(|_| io_err("the flusher stopped"))?
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
+        // The purge point is stored durably first (the metadata file), so
+        // that the log never looks longer than it is after a crash.
         let store = self.clone();
-        tokio::task::spawn_blocking(move || {
-            store.wal().purge(pos(&log_id)).map(|_| ()).map_err(io_err)
-        })
-        .await
-        .map_err(io_err)?
+        let upto = pos(&log_id);
+        let purged =
+            tokio::task::spawn_blocking(move || store.store_meta(|wal| wal.purge_meta(upto)))
+                .await
+                .map_err(io_err)??;
+        if purged {
+            let mut wal = self.wal();
+            wal.purge_ring(upto);
+            // Whole segments below go when the flusher gets to it; reads
+            // below the purge point are refused from now on.
+            drop(self.queue_op(SegmentOp::RemoveBefore(log_id.index + 1)));
+        }
+        Ok(())
     }
 }

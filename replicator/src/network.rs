@@ -317,6 +317,10 @@ struct InFlight {
     writes: Vec<ringraft_transport::Completion<()>>,
     /// When its answer is due.
     deadline: tokio::time::Instant,
+    /// Only a prefix of the entries was sent, up to this one (a batch of a
+    /// follower catching up from the segments may be larger than its ring
+    /// can take at once): a success is only a partial one.
+    sent_to: Option<crate::types::LogId>,
 }
 
 impl Drop for PeerNet {
@@ -648,12 +652,14 @@ impl PeerNet {
                 last,
                 writes: Vec::new(),
                 deadline: tokio::time::Instant::now() + ttl,
+                sent_to: None,
             });
         }
         let mut view = self.ensure_fenced(&req.vote, ttl).await?;
         let mut writes = Vec::new();
+        let sent_to;
         if !view.awaiting_tail && view.tail.last_log_id() == req.prev_log_id {
-            writes = self.post_written(&mut view, req).await?;
+            (writes, sent_to) = self.post_written(&mut view, req).await?;
         } else {
             tracing::debug!(
                 target = self.target,
@@ -662,7 +668,9 @@ impl PeerNet {
                 awaiting_tail = view.awaiting_tail,
                 "entries travel two-sided"
             );
-            self.post_inline(req, view.epoch.0, ttl).await?;
+            sent_to = self
+                .post_inline(req, view.epoch.0, view.capacity, ttl)
+                .await?;
             // The follower's tail is known again from the answer (the grant
             // and its rkey stay good).
             if let Some(view) = self.view.as_mut() {
@@ -674,6 +682,7 @@ impl PeerNet {
             last,
             writes,
             deadline: tokio::time::Instant::now() + ttl,
+            sent_to,
         })
     }
 
@@ -699,17 +708,38 @@ impl PeerNet {
             })
     }
 
+    /// Posts the WRITEs of `req`'s entries and the control message naming
+    /// them. A batch whose records would take more than half the
+    /// follower's ring (one read back from the segments for a follower
+    /// catching up) is cut to the prefix that fits: returns the last entry
+    /// sent then.
     async fn post_written(
         &mut self,
         view: &mut View,
-        req: AppendEntriesRequest<TypeConfig>,
-    ) -> Result<Vec<ringraft_transport::Completion<()>>, Failure> {
-        let payloads = req
+        mut req: AppendEntriesRequest<TypeConfig>,
+    ) -> Result<
+        (
+            Vec<ringraft_transport::Completion<()>>,
+            Option<crate::types::LogId>,
+        ),
+        Failure,
+    > {
+        let mut payloads = req
             .entries
             .iter()
             .map(|e| encode_payload(&e.payload))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| Failure::Network(e.to_string()))?;
+        let sent_to = cut_to_fit(&mut req, payloads.iter().map(Vec::len), view.capacity / 2);
+        if sent_to.is_some() {
+            payloads.truncate(req.entries.len());
+            tracing::debug!(
+                target = self.target,
+                sent = req.entries.len(),
+                ?sent_to,
+                "batch larger than half the follower's ring: its prefix goes first"
+            );
+        }
         let bad_grant = |e: ringraft_wal::record::EncodeError| {
             Failure::Network(format!(
                 "node {} granted a ring we cannot write: {e}",
@@ -794,15 +824,27 @@ impl PeerNet {
         view.tail.epoch = tip.epoch.0;
         view.tail.unanchored = tip.unanchored;
         self.view = Some(*view);
-        Ok(writes)
+        Ok((writes, sent_to))
     }
 
+    /// Posts `req`'s entries two-sided, in parts. Like a one-sided batch, it
+    /// is cut to the prefix whose records take at most half the follower's
+    /// ring (the follower writes them there itself): returns the last entry
+    /// sent then.
     async fn post_inline(
         &mut self,
-        req: AppendEntriesRequest<TypeConfig>,
+        mut req: AppendEntriesRequest<TypeConfig>,
         epoch: u64,
+        capacity: u64,
         ttl: Duration,
-    ) -> Result<(), Failure> {
+    ) -> Result<Option<crate::types::LogId>, Failure> {
+        let lens = req
+            .entries
+            .iter()
+            .map(|e| encode_payload(&e.payload).map(|p| p.len()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Failure::Network(e.to_string()))?;
+        let sent_to = cut_to_fit(&mut req, lens, capacity / 2);
         let bytes = encode_entries(&req.entries).map_err(Failure::Network)?;
         let parts: Vec<&[u8]> = bytes.chunks(MAX_PART_BYTES).collect();
         let n = parts.len() as u32;
@@ -830,7 +872,7 @@ impl PeerNet {
                 }
             }
         }
-        Ok(())
+        Ok(sent_to)
     }
 
     /// Takes the reply of a posted AppendEntries.
@@ -848,6 +890,7 @@ impl PeerNet {
         inflight: InFlight,
         reply: Result<Reply, Failure>,
     ) -> Result<AppendEntriesResponse<TypeConfig>, Failure> {
+        let sent_to = inflight.sent_to;
         let reply = match reply {
             Ok(reply) => reply,
             Err(f) => {
@@ -888,7 +931,12 @@ impl PeerNet {
                         view.awaiting_tail = false;
                     }
                 }
-                Ok(response)
+                Ok(match (response, sent_to) {
+                    (AppendEntriesResponse::Success, Some(sent_to)) => {
+                        AppendEntriesResponse::PartialSuccess(Some(sent_to))
+                    }
+                    (response, _) => response,
+                })
             }
             Reply::NotFenced { fence } => {
                 self.view = None;
@@ -915,6 +963,30 @@ impl PeerNet {
 
 fn higher_vote_response(v: Vote) -> AppendEntriesResponse<TypeConfig> {
     AppendEntriesResponse::HigherVote(v)
+}
+
+/// Cuts `req` to the prefix of entries whose records take at most
+/// `limit_bytes` (at least one entry), given each entry's encoded payload
+/// length. Returns the last entry kept when it cut anything.
+fn cut_to_fit(
+    req: &mut AppendEntriesRequest<TypeConfig>,
+    payload_lens: impl IntoIterator<Item = usize>,
+    limit_bytes: u64,
+) -> Option<crate::types::LogId> {
+    let mut bytes = 0u64;
+    let fits = payload_lens
+        .into_iter()
+        .take_while(|len| {
+            bytes = bytes.saturating_add(ringraft_wal::record::record_len(*len as u64));
+            bytes <= limit_bytes
+        })
+        .count()
+        .max(1);
+    if fits >= req.entries.len() {
+        return None;
+    }
+    req.entries.truncate(fits);
+    req.entries.last().map(|e| e.log_id)
 }
 
 impl RaftNetworkV2<TypeConfig> for PeerNet {

@@ -338,6 +338,12 @@ impl NodeBuilder {
         )
         .map_err(NodeError::Config)?;
         ring.keep_alive(store.clone());
+        // Group commit beside the Raft core: the flusher writes what the
+        // ring takes to the segments, on a thread of its own.
+        let freed = admission.clone();
+        store
+            .start_flusher(move || freed.space_freed())
+            .map_err(|e| NodeError::Storage(format!("start the flusher: {e}")))?;
         let sm_store = SmStore::open(sm, Some(&config.data_dir))
             .map_err(|e| NodeError::Storage(e.to_string()))?;
 
@@ -382,6 +388,10 @@ impl NodeBuilder {
             // data, and they would keep theirs (openraft's default restores
             // leadership at startup).
             enable_leader_restore: Some(false),
+            // The leader replicates entries as soon as they are in its ring,
+            // while its own flusher makes them durable: its flush overlaps
+            // the followers' (it still counts itself only once flushed).
+            broadcast_submitted_on_append: Some(true),
             ..Default::default()
         }
         .validate()
@@ -415,11 +425,7 @@ impl NodeBuilder {
                 admission: admission.clone(),
             }),
         );
-        let pressure = tokio::spawn(relieve_ring_pressure(
-            raft.clone(),
-            store.clone(),
-            admission.clone(),
-        ));
+        let pressure = tokio::spawn(wake_admission_on_change(raft.clone(), admission.clone()));
         let mut tasks = vec![server, pressure];
         if store.votes_blocked() {
             // DESIGN.md, recovery: a node that forgot entries inside its log
@@ -479,102 +485,16 @@ fn accept_members_of(cluster_id: u64, hello: Vec<u8>) -> ringraft_transport::Acc
     })
 }
 
-/// How often ring pressure is checked when openraft reports nothing.
-const PRESSURE_CHECK_INTERVAL: Duration = Duration::from_millis(100);
-
-/// Keeps room in the ring, so that admission ([`crate::admission`]) lets
-/// proposals in again:
-/// - wakes the admission waiters at every change openraft reports (a
-///   purge, a snapshot installed, a truncation may have freed space);
-/// - under pressure (the ring more than half full, or proposals waiting for
-///   room) asks for a snapshot when the entries applied since the last one
-///   fill a quarter of the ring, and then for a purge up to the snapshot.
-///
-/// The purge is asked with `trigger().purge_log`, which does not keep
-/// `keep_after_snapshot` entries: entries kept behind a snapshot must not
-/// hold the ring full (100 entries of 1 MiB do not fit a 64 MiB ring).
-/// openraft postpones a leader's purge while a replication stream still
-/// uses the entries, and tries again at every replication progress: a
-/// stopped follower's stream fails at each retry (every backoff period),
-/// the purge goes through then, and that follower is sent a snapshot from
-/// then on. A follower that is alive but slower than the writers paces
-/// them while its stream uses the entries.
-async fn relieve_ring_pressure(raft: Raft, store: LogStore, admission: Admission) {
+/// Wakes the proposals waiting for ring room ([`crate::admission`]) at
+/// every change openraft reports (a truncation or an installed snapshot may
+/// free room). The flusher wakes them too, each time it gives ring bytes
+/// back: room never waits for a snapshot, because entries leave the ring as
+/// soon as they are in the segments.
+async fn wake_admission_on_change(raft: Raft, admission: Admission) {
     use openraft::async_runtime::WatchReceiver;
     let mut metrics = raft.metrics();
-    // What was last asked for: a snapshot (the applied index and the last
-    // snapshot's index then), a purge (up to which index).
-    let mut snapshot_asked: Option<(u64, Option<u64>)> = None;
-    let mut purge_asked: Option<u64> = None;
-    loop {
-        tokio::select! {
-            changed = metrics.changed() => if changed.is_err() {
-                return;
-            },
-            () = tokio::time::sleep(PRESSURE_CHECK_INTERVAL) => {}
-        }
+    while metrics.changed().await.is_ok() {
         admission.space_freed();
-        let (used, capacity, first_index, next_index) = store.with_wal(|w| {
-            let r = w.ring();
-            (
-                r.tail_lsn() - r.head_lsn(),
-                r.geometry().capacity,
-                r.first_index(),
-                r.next_index(),
-            )
-        });
-        if used * 2 <= capacity && admission.waiting() == 0 {
-            continue;
-        }
-        let (applied, snapshot) = {
-            let m = metrics.borrow_watched();
-            (
-                m.last_applied.as_ref().map(|l| l.index),
-                m.snapshot.as_ref().map(|l| l.index),
-            )
-        };
-        let Some(applied) = applied else { continue };
-        // Entries since the last snapshot, at the ring's mean record size.
-        let entries = next_index.saturating_sub(first_index).max(1);
-        let unsnapshotted = applied.saturating_sub(snapshot.unwrap_or(0).max(first_index));
-        // The one asked for is built, or another was (openraft ignores an
-        // ask while it builds one): ask again if still needed.
-        let snapshot_done = snapshot_asked.is_none_or(|(applied_then, snapshot_then)| {
-            snapshot >= Some(applied_then) || snapshot != snapshot_then
-        });
-        if snapshot_done
-            && unsnapshotted
-                .saturating_mul(used / entries)
-                .saturating_mul(4)
-                >= capacity
-        {
-            tracing::debug!(
-                used,
-                capacity,
-                applied,
-                ?snapshot,
-                "ring pressure: snapshot"
-            );
-            if raft.trigger().snapshot().await.is_err() {
-                return;
-            }
-            snapshot_asked = Some((applied, snapshot));
-        }
-        if let Some(snapshot) = snapshot
-            && snapshot >= first_index
-            && purge_asked < Some(snapshot)
-        {
-            tracing::debug!(
-                used,
-                capacity,
-                snapshot,
-                "ring pressure: purge to the snapshot"
-            );
-            if raft.trigger().purge_log(snapshot).await.is_err() {
-                return;
-            }
-            purge_asked = Some(snapshot);
-        }
     }
 }
 

@@ -257,6 +257,7 @@ async fn append(
     // From before the fence check until openraft is done with it: no grant
     // overlaps a request that may extend the log.
     let _in_flight = ctx.store.begin_leader_request().await;
+    let inline = matches!(body, AppendBody::Inline { .. });
     let entries: Vec<Entry> = match body {
         AppendBody::Empty => Vec::new(),
         AppendBody::Written {
@@ -325,6 +326,25 @@ async fn append(
             entries
         }
     };
+    // Entries this node writes into its ring itself (two-sided) wait for
+    // room there first, as a leader's proposals do: the flusher gives room
+    // back as it writes the ring's records to the segments. Entries already
+    // in the ring (adopted in place) need none.
+    let room = if inline && !entries.is_empty() {
+        let mut need = 0u64;
+        for entry in &entries {
+            match crate::log_store::encode_payload(&entry.payload) {
+                Ok(p) => need += ringraft_wal::record::record_len(p.len() as u64),
+                Err(e) => return Reply::Error(format!("entry {}: {e}", entry.log_id.index)),
+            }
+        }
+        match ctx.admission.admit_bytes(need).await {
+            Ok(room) => Some(room),
+            Err(e) => return Reply::Error(format!("no room in the ring for the entries: {e}")),
+        }
+    } else {
+        None
+    };
     let request = AppendEntriesRequest {
         vote,
         prev_log_id,
@@ -332,6 +352,7 @@ async fn append(
         leader_commit,
     };
     let result = ctx.raft.append_entries(request).await;
+    drop(room);
     // Records openraft did not take stay out of the log, and are erased.
     ctx.store.drop_pending(conn_id);
     match result {

@@ -47,6 +47,7 @@ impl StoreBuilder<TypeConfig, LogStore, SmStore, tempfile::TempDir> for Builder 
         let guard = Arc::new(LocalGuard::default());
         let store = LogStore::new(wal, 0, self.durability, guard.clone());
         guard.bind(&store);
+        store.start_flusher(|| {}).expect("flusher");
         let sm = SmStore::open(Box::new(Echo::default()), Some(dir.path())).expect("sm");
         Ok((dir, store, sm))
     }

@@ -163,6 +163,19 @@ pub struct RecordView<'a> {
     pub payload: &'a [u8],
 }
 
+/// How [`Ring::anchor_on`] joined the ring to the durable log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Anchoring {
+    /// The first index the segments must still be given (everything below
+    /// is in them, in the form the log holds).
+    pub flush_from: u64,
+    /// The segments hold entries after this one (`Some(None)`: all of
+    /// them) that the ring replaced: truncate them before writing more.
+    pub durable_conflict_after: Option<Option<u64>>,
+    /// Ring entries dropped because they did not continue the durable log.
+    pub dropped: u64,
+}
+
 /// One record of a [`PreparedAdoption`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct PreparedRecord {
@@ -283,14 +296,12 @@ impl Ring {
     }
 
     /// Opens the ring at `path`, checks that it is this node's, bumps its
-    /// incarnation, and recovers the log from `purged` (the metadata file's
-    /// purge point; `None` when nothing was ever purged). Returns the ring
-    /// and the recovery scan's report.
-    pub fn open(
-        path: &Path,
-        config: &RingConfig,
-        purged: Option<PurgePoint>,
-    ) -> Result<(Ring, ScanReport)> {
+    /// incarnation, and scans the records from its `head` word on. The
+    /// first record found starts the chain (its predecessor is in the
+    /// segments, where `head` was advanced from): the caller anchors the
+    /// ring on the durable log with [`Ring::anchor_on`]. Returns the ring
+    /// and the scan's report.
+    pub fn open(path: &Path, config: &RingConfig) -> Result<(Ring, ScanReport)> {
         let geometry = config.geometry()?;
         let file = OpenOptions::new()
             .read(true)
@@ -304,12 +315,6 @@ impl Ring {
             path: path.to_path_buf(),
             source,
         })?;
-        if let Some(point) = purged {
-            point.check().map_err(|e| WalError::Inconsistent {
-                path: path.to_path_buf(),
-                what: format!("the purge point to recover from is out of range: {e}"),
-            })?;
-        }
         header.incarnation = header
             .incarnation
             .checked_add(1)
@@ -365,11 +370,11 @@ impl Ring {
             base,
             geometry,
             header,
-            anchor: purged.map(|p| p.log),
-            first_index: purged.map_or(0, |p| p.log.index + 1),
+            anchor: None,
+            first_index: 0,
             slots: VecDeque::new(),
-            tip: ChainTip::after(purged.map(|p| p.log)),
-            head_lsn: purged.map_or(0, |p| p.next_lsn),
+            tip: ChainTip::after(None),
+            head_lsn: 0,
             tail_lsn: 0,
             unsynced: None,
             sync_failed: None,
@@ -377,22 +382,19 @@ impl Ring {
         };
         // Check the control words before writing anything.
         let head_word = ring.word(HEAD_OFFSET).load(Ordering::Acquire);
-        if head_word > ring.head_lsn {
-            return Err(WalError::Inconsistent {
+        if head_word > MAX_LSN {
+            return Err(WalError::Layout {
                 path: path.to_path_buf(),
-                what: format!(
-                    "head word {head_word} is beyond the metadata file's purge point {}: \
-                     was the metadata file replaced by an older copy?",
-                    ring.head_lsn
-                ),
+                source: LayoutError::OutOfRange {
+                    field: "head",
+                    value: head_word,
+                    rule: "an lsn is at most MAX_LSN",
+                },
             });
         }
+        ring.head_lsn = head_word;
         check_index_words(path, &ring)?;
         ring.write_control(0, &header.encode());
-
-        // A purge stored its metadata but crashed before moving head: finish it.
-        ring.word(HEAD_OFFSET)
-            .store(ring.head_lsn, Ordering::Release);
 
         let input = ScanInput {
             geometry: Geometry::loosest(geometry.capacity),
@@ -1042,6 +1044,213 @@ impl Ring {
             epoch: valid.header.epoch,
             payload,
         })
+    }
+
+    // ----- feeding the durable log (the segments) -----------------------------
+
+    /// Copies the records of entries `from_index..` into `out`: whole
+    /// records in the ring's format (header, payload, padding), wrap markers
+    /// left out, at most `max_bytes` unless the first record alone is
+    /// larger (it is copied whole). Returns the last index copied, `None`
+    /// when the ring holds no entry at or after `from_index`.
+    ///
+    /// Every record copied is one the ring owns (appended or adopted), so
+    /// no remote writer changes it while it is copied.
+    pub fn copy_records(
+        &self,
+        from_index: u64,
+        max_bytes: usize,
+        out: &mut Vec<u8>,
+    ) -> Option<u64> {
+        let start = from_index.max(self.first_index);
+        let mut last = None;
+        let mut copied = 0usize;
+        for index in start..self.tip.next_index {
+            let slot = self.slot(index).expect("index inside the ring");
+            let len = self.stored_header(slot.lsn).record_len() as usize;
+            if last.is_some() && copied + len > max_bytes {
+                break;
+            }
+            out.extend_from_slice(self.bytes(slot.lsn, len));
+            copied += len;
+            last = Some(index);
+        }
+        last
+    }
+
+    /// Bytes of the ring's window in use: from `head` to the adopted tail.
+    pub fn used_bytes(&self) -> u64 {
+        self.tail_lsn - self.head_lsn
+    }
+
+    /// Forgets the entries up to and including `index` and advances `head`
+    /// past them, giving their bytes back to writers. The caller guarantees
+    /// they are in the durable log (the segments) already: the ring is only
+    /// the window of recent entries. Entries not in the ring are ignored;
+    /// `index` beyond the ring's last entry empties it.
+    ///
+    /// No metadata is stored: after a killed process, recovery starts from
+    /// the `head` word in shared memory and takes the entry before the first
+    /// record there from the segments.
+    pub fn release_through(&mut self, index: u64) {
+        if index < self.first_index || self.slots.is_empty() {
+            return;
+        }
+        let last = index.min(self.tip.next_index - 1);
+        let slot = self.slot(last).expect("index inside the ring");
+        let next_lsn = slot.lsn + self.stored_header(slot.lsn).record_len();
+        self.apply_purge(PurgePoint {
+            log: LogPos {
+                index: last,
+                term: slot.term,
+            },
+            next_lsn,
+        });
+    }
+
+    /// Forgets the oldest entries, none beyond `through`, until at most
+    /// `max_used` bytes of the window are in use (or no entry up to
+    /// `through` is left): [`Ring::release_through`] of as few entries as
+    /// that takes. Returns true when `head` moved.
+    pub fn release_to_fit(&mut self, max_used: u64, through: u64) -> bool {
+        if self.used_bytes() <= max_used || through < self.first_index || self.slots.is_empty() {
+            return false;
+        }
+        let last = through.min(self.tip.next_index - 1);
+        let mut release = None;
+        for index in self.first_index..=last {
+            let slot = self.slot(index).expect("index inside the ring");
+            release = Some(index);
+            let next_lsn = slot.lsn + self.stored_header(slot.lsn).record_len();
+            if self.tail_lsn - next_lsn <= max_used {
+                break;
+            }
+        }
+        match release {
+            Some(index) => {
+                self.release_through(index);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Empties the ring and makes the log continue after `anchor` (the last
+    /// entry of the durable log, `None` for an empty log), erasing every
+    /// record between `head` and the tail. `head` does not move back: a
+    /// leader may still have writes in flight up to `head + capacity`, and
+    /// the next record goes at the old `head`, from where no such write can
+    /// alias it. For a truncation below the ring's first entry (the entries
+    /// kept are all in the segments) and for recovery.
+    pub fn reset_after(&mut self, anchor: Option<LogPos>) {
+        self.zero_range(self.head_lsn, self.tail_lsn);
+        self.slots.clear();
+        self.anchor = anchor;
+        self.first_index = anchor.map_or(0, |a| a.index + 1);
+        self.tip = ChainTip::after(anchor);
+        self.tail_lsn = self.head_lsn;
+        let acked = self.word(ACKED_OFFSET);
+        acked.fetch_min(encode_index_word(anchor.map(|a| a.index)), Ordering::AcqRel);
+    }
+
+    /// Recovery: joins the ring's records (as [`Ring::open`] found them) to
+    /// the durable log. `durable_last` is the segments' last entry,
+    /// `purged` the log's purge point (the metadata file's), and
+    /// `durable_term` gives the segments' term of an index.
+    ///
+    /// The ring is the newer of the two (the segments are written from it,
+    /// and `head` only passes records the segments hold), so where both
+    /// hold an index and disagree, the ring wins from there on. Records
+    /// the ring holds below the purge point are forgotten. A ring whose
+    /// first record does not continue the durable log (a gap, or another
+    /// term before it) is emptied: its records cannot be placed.
+    pub fn anchor_on(
+        &mut self,
+        durable_last: Option<LogPos>,
+        purged: Option<LogPos>,
+        durable_term: impl Fn(u64) -> Option<u64>,
+    ) -> Anchoring {
+        // Where the log stands without the ring.
+        let base = match (durable_last, purged) {
+            (Some(d), Some(p)) if p.index > d.index => Some(p),
+            (Some(d), _) => Some(d),
+            (None, p) => p,
+        };
+        if let Some(p) = purged {
+            self.release_through(p.index);
+        }
+        let Some(first_slot) = self.slots.front().copied() else {
+            self.reset_after(base);
+            return Anchoring {
+                flush_from: base.map_or(0, |b| b.index + 1),
+                durable_conflict_after: None,
+                dropped: 0,
+            };
+        };
+        let first = self.first_index;
+        let prev_term = self.stored_header(first_slot.lsn).prev_term;
+        let last = self.tip.next_index - 1;
+        let continues = match (first.checked_sub(1), base) {
+            // The log's very beginning, or nothing before it anywhere.
+            (None, _) | (Some(_), None) => true,
+            // A gap between the durable log and the ring.
+            (Some(before), Some(base)) if before > base.index => false,
+            (Some(before), Some(_)) => match durable_term(before) {
+                // The segments hold its predecessor: the terms must agree.
+                Some(term) => term == prev_term,
+                // Written right after a purge (a snapshot installed): its
+                // writer did not know the purged entry's term. Or the ring
+                // reaches back before the segments' first entry.
+                None => true,
+            },
+        };
+        if !continues {
+            let dropped = self.tip.next_index - first;
+            tracing::warn!(
+                first,
+                last,
+                prev_term,
+                ?base,
+                "the ring's records do not continue the durable log: dropped"
+            );
+            self.reset_after(base);
+            return Anchoring {
+                flush_from: base.map_or(0, |b| b.index + 1),
+                durable_conflict_after: None,
+                dropped,
+            };
+        }
+        // A log that began at its first record (nothing durable or purged
+        // before it) stays unanchored.
+        if base.is_some() {
+            self.anchor = first.checked_sub(1).map(|index| LogPos {
+                index,
+                term: prev_term,
+            });
+        }
+        // The first index both hold with different terms, if any.
+        let durable_next = durable_last.map_or(0, |d| d.index + 1);
+        let overlap_end = durable_next.min(last + 1);
+        let conflict = (first..overlap_end).find(|&k| durable_term(k) != self.term_of(k));
+        match conflict {
+            Some(k) => Anchoring {
+                flush_from: k,
+                durable_conflict_after: Some(k.checked_sub(1)),
+                dropped: 0,
+            },
+            None => {
+                if durable_next > self.tip.next_index {
+                    // The segments reach further (the ring's scan stopped
+                    // early: damage the segments do not share).
+                    self.reset_after(durable_last);
+                }
+                Anchoring {
+                    flush_from: durable_next.max(first),
+                    durable_conflict_after: None,
+                    dropped: 0,
+                }
+            }
+        }
     }
 
     // ----- internals ---------------------------------------------------------

@@ -9,11 +9,14 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use crate::disk::RealDisk;
 use crate::error::{Result, WalError};
 use crate::layout::{Epoch, RingHeader};
 use crate::meta::{META_FILE, Meta, VoteRecord};
-use crate::recovery::{Damage, ScanReport, Stop};
+use crate::recovery::{Damage, Evidence, ScanReport, Stop};
 use crate::ring::{RING_FILE, Ring, RingConfig};
+use crate::segment::SEGMENT_DIR;
+use crate::segment_log::{SegmentConfig, SegmentLog, SegmentReader};
 use crate::validate::LogPos;
 
 /// What recovery found when the directory was opened.
@@ -68,13 +71,29 @@ impl Recovery {
 }
 
 /// An open data directory. See the module docs.
-#[derive(Debug)]
 pub struct Wal {
     dir: PathBuf,
     meta_path: PathBuf,
     ring: Ring,
     meta: Meta,
     recovery: Recovery,
+    /// The segment log's writer, until the flusher takes it.
+    segments: Option<SegmentLog<RealDisk>>,
+    /// Reads of the segments (entries the ring gave back).
+    reader: SegmentReader<RealDisk>,
+    /// The first index the segments must still be given.
+    flush_from: u64,
+}
+
+impl std::fmt::Debug for Wal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wal")
+            .field("dir", &self.dir)
+            .field("ring", &self.ring)
+            .field("segments", &self.reader)
+            .field("recovery", &self.recovery)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Wal {
@@ -119,14 +138,61 @@ impl Wal {
             (true, true) => {}
         }
         let meta = Meta::load(&meta_path, config.cluster_id, config.node_id)?;
-        let (ring, report) = Ring::open(&ring_path, config, meta.purged)?;
-        let recovery = Recovery::from_scan(created, &ring, &report);
-        if let Some(stop) = recovery.stop {
+        let (mut ring, report) = Ring::open(&ring_path, config)?;
+        let acked = ring.acked();
+        let segment_config = SegmentConfig {
+            max_record_bytes: config.max_record_bytes,
+            ..SegmentConfig::new(config.cluster_id, config.node_id)
+        };
+        let (mut segments, durable) =
+            SegmentLog::open(RealDisk, &dir.join(SEGMENT_DIR), segment_config, None)?;
+        let reader = segments.reader();
+        let anchoring = ring.anchor_on(segments.last_log(), meta.purged.map(|p| p.log), |index| {
+            reader.term_of(index)
+        });
+        if let Some(after) = anchoring.durable_conflict_after {
+            tracing::info!(
+                dir = %dir.display(),
+                ?after,
+                "the segments hold entries the ring replaced (a truncation cut short): removed"
+            );
+            segments.truncate_after(after)?;
+        }
+        let mut recovery = Recovery::from_scan(created, &ring, &report);
+        recovery.first_index = first_index(&ring, &reader, meta.purged.map(|p| p.log));
+        let log_next = ring.next_index();
+        // A break in the ring that the segments cover lost nothing.
+        let covered = |evidence: Evidence| match evidence {
+            Evidence::BelowWatermark { acked, .. } => log_next > acked,
+            Evidence::WellFormedBeyond { index, .. } => log_next > index,
+        };
+        recovery.damage = match (durable.damage, recovery.damage) {
+            (d @ Damage::CorruptInside(_), _) => d,
+            (_, d @ Damage::CorruptInside(e)) if !covered(e) => d,
+            (a, b) => {
+                let next_index = ring.next_index();
+                match acked {
+                    // The ring (shared memory) kept the watermark, the log
+                    // no longer reaches it.
+                    Some(acked) if next_index <= acked => {
+                        Damage::CorruptInside(Evidence::BelowWatermark {
+                            acked,
+                            recovered_next_index: next_index,
+                        })
+                    }
+                    _ if a == Damage::TornTail || b == Damage::TornTail => Damage::TornTail,
+                    _ => Damage::None,
+                }
+            }
+        };
+        recovery.entries = ring.next_index().saturating_sub(recovery.first_index);
+        if recovery.stop.is_some() || durable.stop.is_some() || anchoring.dropped > 0 {
             tracing::info!(
                 dir = %dir.display(),
                 entries = recovery.entries,
-                stop_lsn = stop.lsn,
-                reason = %stop.reason,
+                ring_stop = ?recovery.stop,
+                segment_stop = ?durable.stop,
+                ring_entries_dropped = anchoring.dropped,
                 damage = ?recovery.damage,
                 "wal recovered"
             );
@@ -137,6 +203,9 @@ impl Wal {
             ring,
             meta,
             recovery,
+            segments: Some(segments),
+            reader,
+            flush_from: anchoring.flush_from,
         })
     }
 
@@ -186,21 +255,144 @@ impl Wal {
         })
     }
 
+    // ----- the log: segments + ring ------------------------------------------
+
+    /// The segment log's writer, for the flusher; `None` once taken.
+    pub fn take_segments(&mut self) -> Option<SegmentLog<RealDisk>> {
+        self.segments.take()
+    }
+
+    /// A reader of the segments (entries the ring gave back).
+    pub fn segment_reader(&self) -> SegmentReader<RealDisk> {
+        self.reader.clone()
+    }
+
+    /// The first index the flusher must still give the segments, as of the
+    /// open (everything below is in them).
+    pub fn flush_from(&self) -> u64 {
+        self.flush_from
+    }
+
+    /// The last purged log id: the metadata file's purge point.
+    pub fn last_purged(&self) -> Option<LogPos> {
+        self.meta.purged.map(|p| p.log)
+    }
+
+    /// The first index of the log: in the segments, or in the ring when it
+    /// holds older entries than they do, never at or below the purge point.
+    pub fn first_index(&self) -> u64 {
+        first_index(&self.ring, &self.reader, self.last_purged())
+    }
+
+    /// The term of entry `index`, from the ring or the segments.
+    pub fn term_of(&self, index: u64) -> Option<u64> {
+        if index < self.first_index() {
+            return None;
+        }
+        self.ring
+            .term_of(index)
+            .or_else(|| self.reader.term_of(index))
+    }
+
+    /// Removes every entry after `last_kept` from the ring: in place while
+    /// the ring holds `last_kept`, else (the entries kept are all in the
+    /// segments) by emptying it and continuing after `last_kept`. The
+    /// caller truncates the segments the same way (through the flusher).
+    pub fn truncate_after(&mut self, last_kept: Option<LogPos>) -> Result<()> {
+        let keep_next = last_kept.map_or(0, |p| p.index.saturating_add(1));
+        if keep_next >= self.ring.next_index() {
+            return Ok(());
+        }
+        if keep_next > self.ring.first_index() {
+            return self.ring.truncate_after(last_kept.map(|p| p.index));
+        }
+        self.ring.reset_after(last_kept);
+        Ok(())
+    }
+
+    /// The metadata with `upto` as its purge point, and where it goes;
+    /// `None` when the log is purged that far already. Store it with
+    /// [`Meta::store`] (no lock needed), then [`Wal::set_meta`].
+    pub fn purge_meta(&self, upto: LogPos) -> Option<(PathBuf, Meta)> {
+        if self.last_purged().is_some_and(|p| p.index >= upto.index) {
+            return None;
+        }
+        let meta = Meta {
+            purged: Some(crate::meta::PurgePoint {
+                log: upto,
+                next_lsn: 0,
+            }),
+            ..self.meta
+        };
+        Some((self.meta_path.clone(), meta))
+    }
+
+    /// The metadata with `vote`, and where it goes (see
+    /// [`Wal::purge_meta`]).
+    pub fn vote_meta(&self, vote: VoteRecord) -> (PathBuf, Meta) {
+        (
+            self.meta_path.clone(),
+            Meta {
+                vote: Some(vote),
+                ..self.meta
+            },
+        )
+    }
+
+    /// Takes `meta` as the metadata, once the caller stored it durably.
+    pub fn set_meta(&mut self, meta: Meta) {
+        self.meta = meta;
+    }
+
     /// Purges the log up to and including `upto` (which may lie beyond the
-    /// log, after a snapshot). Returns false when that was purged already.
+    /// log, after a snapshot): stores the purge point, then lets the ring
+    /// forget the entries (the segments' whole files below it are the
+    /// flusher's to remove). Returns false when that was purged already.
+    /// Blocking (the metadata file is fsynced); the log store does the
+    /// same in two steps to keep its lock free during the write.
     pub fn purge(&mut self, upto: LogPos) -> Result<bool> {
-        let Some(point) = self.ring.purge_point(upto)? else {
+        // A purge point the ring's entries contradict is refused.
+        self.ring.purge_point(upto)?;
+        let first = self.ring.first_index();
+        if self.ring.needs_anchor()
+            && upto.index.checked_add(1) == Some(first)
+            && self.ring.term_of(first).is_some_and(|t| t < upto.term)
+        {
+            return Err(WalError::Conflict(format!(
+                "purge point {upto:?} has a term above the first entry's"
+            )));
+        }
+        let Some((path, meta)) = self.purge_meta(upto) else {
             return Ok(false);
         };
-        if self.ring.needs_anchor() && point.log.index < self.ring.first_index() {
-            self.ring.anchor_first(point.log)?;
-        }
-        self.store(Meta {
-            purged: Some(point),
-            ..self.meta
-        })?;
-        self.ring.apply_purge(point);
+        meta.store(&path)?;
+        self.set_meta(meta);
+        self.purge_ring(upto);
         Ok(true)
+    }
+
+    /// After the purge point moved to `upto`: the ring forgets the entries
+    /// up to it (all of them, and the log continues after `upto`, when it
+    /// lies beyond the log: a snapshot was installed).
+    pub fn purge_ring(&mut self, upto: LogPos) {
+        if upto.index < self.ring.first_index() {
+            // A log that began right after `upto` gets it as its anchor.
+            if self.ring.needs_anchor() && upto.index + 1 == self.ring.first_index() {
+                let next_lsn = self.ring.head_lsn();
+                self.ring.apply_purge(crate::meta::PurgePoint {
+                    log: upto,
+                    next_lsn,
+                });
+            }
+        } else if upto.index < self.ring.next_index() {
+            self.ring.release_through(upto.index);
+        } else {
+            let next_lsn = self.ring.tail_lsn();
+            self.ring.apply_purge(crate::meta::PurgePoint {
+                log: upto,
+                next_lsn,
+            });
+        }
     }
 
     fn store(&mut self, meta: Meta) -> Result<()> {
@@ -208,4 +400,16 @@ impl Wal {
         self.meta = meta;
         Ok(())
     }
+}
+
+/// The first index of a log held by `ring` and the segments of `reader`,
+/// purged up to `purged`.
+fn first_index(ring: &Ring, reader: &SegmentReader<RealDisk>, purged: Option<LogPos>) -> u64 {
+    let (segments_first, segments_next) = reader.range();
+    let held = if segments_next > segments_first {
+        segments_first.min(ring.first_index())
+    } else {
+        ring.first_index()
+    };
+    held.max(purged.map_or(0, |p| p.index + 1))
 }

@@ -36,6 +36,14 @@ fn write_meta(dir: &Path, meta: Meta) {
 }
 
 fn with_purge_point(dir: &Path, term: u64, index: u64, next_lsn: u64) {
+    // The ring is scanned from its head word (shared memory; the segments
+    // hold what lies before it): a crafted start goes there too.
+    ring_file(dir)
+        .write_all_at(
+            &next_lsn.to_le_bytes(),
+            ringraft_wal::layout::HEAD_OFFSET as u64,
+        )
+        .unwrap();
     write_meta(
         dir,
         Meta {

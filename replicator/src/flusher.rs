@@ -1,0 +1,405 @@
+//! Group commit beside the Raft core: the flusher.
+//!
+//! openraft's core task appends entries into the ring (or adopts records a
+//! leader wrote there) and returns at once. One flusher per node copies
+//! every record appended since its last round into the segment log (the
+//! node's durable log, `ringraft_wal::segment`) with one write, makes it
+//! durable with one flush in `fsync` durability, and only then completes
+//! the appends' callbacks (`IOFlushed`), in the order they came. In
+//! `memory` durability a callback completes as soon as the entries are in
+//! the ring (shared memory survives a killed process); the flusher still
+//! writes them to the segments, unflushed, for the page cache to write back.
+//!
+//! Once records are in the segments, the ring may forget them: the flusher
+//! gives their bytes back (advances `head`) once they take more than a
+//! quarter of the ring ([`KEEP_IN_RING_DIVISOR`]), so the ring keeps the
+//! recent entries a leader replicates and never waits on a snapshot for
+//! room.
+//!
+//! Every change to the log (an append, an adoption, a truncation, a purge)
+//! is numbered under the wal lock. A round copies the ring's records and
+//! takes the queued segment operations (truncate, remove) at one number,
+//! applies the operations, writes the copy, flushes, and then declares that
+//! number done: every callback registered at or below it completes. So the
+//! segments go through the same states as the ring, in the same order, and
+//! openraft sees its writes complete in the order it made them.
+//!
+//! Never: hold the wal lock (or the queue's) across I/O; complete an
+//! `fsync` callback before the flush that covers it returned; reorder
+//! callbacks; run the I/O on an async worker (the flusher runs on its own
+//! thread, or is stepped by a test or a simulator: [`Flusher::step`]).
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+
+use openraft::storage::IOFlushed;
+use ringraft_wal::WalError;
+
+use crate::log_store::Durability;
+use crate::types::TypeConfig;
+
+/// Largest copy one round takes from the ring, in bytes (a round that
+/// finds more goes on at once with the rest).
+pub const MAX_FLUSH_BYTES: usize = 8 << 20;
+
+/// The ring keeps at most `capacity / KEEP_IN_RING_DIVISOR` bytes of
+/// entries the segments hold: the rest is room for writers. A leader sends
+/// a follower at most half its ring in one batch (`crate::network`), so a
+/// quarter kept, half in flight and the reserve for openraft's own entries
+/// (`crate::admission::RAFT_RESERVE_BYTES`) fit a ring of 1 MiB or more.
+pub const KEEP_IN_RING_DIVISOR: u64 = 4;
+
+/// What the flusher writes to: the node's segment log. A trait so that a
+/// test or a simulated disk can stand in for the files.
+pub trait SegmentSink: Send + 'static {
+    /// Appends whole ring records (in the ring's format, no wrap markers),
+    /// continuing the log's tail. Not durable until [`SegmentSink::sync`].
+    fn append(&mut self, records: &[u8]) -> Result<(), WalError>;
+    /// Makes everything appended durable.
+    fn sync(&mut self) -> Result<(), WalError>;
+    /// Removes every entry after `last_kept` (all when `None`), durably.
+    fn truncate_after(&mut self, last_kept: Option<u64>) -> Result<(), WalError>;
+    /// Removes whole segments whose entries all lie below `first_kept`;
+    /// when the log holds nothing at or after it, the log restarts empty
+    /// so that the next record may be any index after `first_kept - 1`.
+    fn remove_before(&mut self, first_kept: u64) -> Result<(), WalError>;
+}
+
+impl<D: ringraft_wal::disk::Disk> SegmentSink for ringraft_wal::SegmentLog<D> {
+    fn append(&mut self, records: &[u8]) -> Result<(), WalError> {
+        ringraft_wal::SegmentLog::append(self, &[records])
+    }
+
+    fn sync(&mut self) -> Result<(), WalError> {
+        ringraft_wal::SegmentLog::sync(self).map(|_| ())
+    }
+
+    fn truncate_after(&mut self, last_kept: Option<u64>) -> Result<(), WalError> {
+        ringraft_wal::SegmentLog::truncate_after(self, last_kept)
+    }
+
+    fn remove_before(&mut self, first_kept: u64) -> Result<(), WalError> {
+        if first_kept > self.next_index() {
+            // Purged beyond the log (a snapshot installed): nothing here is
+            // kept, and the log restarts at whatever index comes next.
+            ringraft_wal::SegmentLog::truncate_after(self, None)
+        } else {
+            ringraft_wal::SegmentLog::remove_before(self, first_kept).map(|_| ())
+        }
+    }
+}
+
+/// An operation on the segments, queued behind the appends before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SegmentOp {
+    /// Raft truncation: the entries after this one go.
+    TruncateAfter(Option<u64>),
+    /// A purge (openraft's, after a snapshot) or retention: whole
+    /// segments below this index go.
+    RemoveBefore(u64),
+}
+
+/// Someone waiting for the segments to reflect a change.
+pub(crate) enum Waiter {
+    /// openraft's append callback.
+    Io(IOFlushed<TypeConfig>),
+    /// A store operation awaiting its own change (truncate, purge).
+    Done(tokio::sync::oneshot::Sender<io::Result<()>>),
+}
+
+impl Waiter {
+    pub(crate) fn complete(self, result: Result<(), String>) {
+        let result = result.map_err(io::Error::other);
+        match self {
+            Waiter::Io(callback) => callback.io_completed(result),
+            Waiter::Done(tx) => {
+                // The awaiting operation may have been dropped: nothing to tell.
+                let _ = tx.send(result);
+            }
+        }
+    }
+}
+
+/// The flusher's queue, shared with the log store (lock order: the wal
+/// lock, then this one).
+#[derive(Default)]
+pub(crate) struct FlushQueue {
+    /// Changes made to the log so far.
+    submitted: u64,
+    /// Changes the segments reflect (written; flushed in `fsync`).
+    done: u64,
+    /// The next index to copy from the ring.
+    cursor: u64,
+    /// Segment operations not taken by a round yet, in order.
+    ops: VecDeque<SegmentOp>,
+    /// Waiters by the change number they wait for, in order.
+    waiters: VecDeque<(u64, Waiter)>,
+    /// The first I/O failure: every later waiter fails with it.
+    failed: Option<String>,
+    /// The store is gone: the flusher ends.
+    stopped: bool,
+}
+
+/// The queue and the flusher's wake-up, shared by the store and the
+/// flusher (which must not keep the store alive).
+#[derive(Default)]
+pub(crate) struct FlushShared {
+    queue: Mutex<FlushQueue>,
+    wake: Condvar,
+}
+
+impl FlushShared {
+    pub(crate) fn new(cursor: u64) -> FlushShared {
+        FlushShared {
+            queue: Mutex::new(FlushQueue {
+                cursor,
+                ..FlushQueue::default()
+            }),
+            wake: Condvar::new(),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, FlushQueue> {
+        self.queue.lock().expect("flush queue lock")
+    }
+
+    /// Wakes the flusher: there is work.
+    pub(crate) fn wake(&self) {
+        self.wake.notify_all();
+    }
+
+    /// Ends the flusher (the store is dropped).
+    pub(crate) fn stop(&self) {
+        self.lock().stopped = true;
+        self.wake.notify_all();
+    }
+}
+
+impl FlushQueue {
+    /// Numbers a change to the ring (call with the wal lock held, right
+    /// after the change). Returns its number.
+    pub(crate) fn changed(&mut self) -> u64 {
+        self.submitted += 1;
+        self.submitted
+    }
+
+    /// Numbers a segment operation, queued behind the changes before it,
+    /// and moves the copy cursor back when a truncation cut below it.
+    pub(crate) fn queue_op(&mut self, op: SegmentOp) -> u64 {
+        match op {
+            SegmentOp::TruncateAfter(last_kept) => {
+                let keep_next = last_kept.map_or(0, |i| i.saturating_add(1));
+                self.cursor = self.cursor.min(keep_next);
+            }
+            SegmentOp::RemoveBefore(first_kept) => {
+                // Entries below it need not reach the segments any more.
+                self.cursor = self.cursor.max(first_kept);
+            }
+        }
+        self.ops.push_back(op);
+        self.changed()
+    }
+
+    /// Registers `waiter` for change `number`; completes it at once when
+    /// the segments reflect it already (or a failure stopped them).
+    /// Returns the waiter back when it must be completed by the caller,
+    /// outside the lock.
+    pub(crate) fn wait(
+        &mut self,
+        number: u64,
+        waiter: Waiter,
+    ) -> Option<(Waiter, Result<(), String>)> {
+        if let Some(failed) = &self.failed {
+            return Some((waiter, Err(failed.clone())));
+        }
+        if number <= self.done {
+            return Some((waiter, Ok(())));
+        }
+        self.waiters.push_back((number, waiter));
+        None
+    }
+
+    /// The number of the last change made.
+    pub(crate) fn submitted(&self) -> u64 {
+        self.submitted
+    }
+}
+
+/// What one round did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Round {
+    /// Entries written to the segments.
+    pub entries: u64,
+    /// Bytes written.
+    pub bytes: u64,
+    /// Segment operations applied.
+    pub ops: usize,
+    /// The round flushed (`fsync` durability).
+    pub synced: bool,
+}
+
+/// The node's flusher: run it on a thread of its own ([`Flusher::run`]),
+/// or step it ([`Flusher::step`]) from a test.
+pub struct Flusher<S: SegmentSink> {
+    store: Weak<crate::log_store::Inner>,
+    shared: Arc<FlushShared>,
+    durability: Durability,
+    sink: S,
+    buf: Vec<u8>,
+    on_room: Option<Box<dyn Fn() + Send>>,
+}
+
+impl<S: SegmentSink> Flusher<S> {
+    pub(crate) fn new(
+        store: Weak<crate::log_store::Inner>,
+        shared: Arc<FlushShared>,
+        durability: Durability,
+        sink: S,
+    ) -> Flusher<S> {
+        Flusher {
+            store,
+            shared,
+            durability,
+            sink,
+            buf: Vec::new(),
+            on_room: None,
+        }
+    }
+
+    /// Called after a round gave ring bytes back (admission waits on it).
+    pub fn on_room(&mut self, notify: impl Fn() + Send + 'static) {
+        self.on_room = Some(Box::new(notify));
+    }
+
+    /// True when a round would do something.
+    pub fn has_work(&self) -> bool {
+        let q = self.shared.lock();
+        q.failed.is_none() && (q.done < q.submitted || !q.ops.is_empty())
+    }
+
+    /// Runs rounds until the store is dropped. Blocks: call it on a thread
+    /// of its own.
+    pub fn run(mut self) {
+        loop {
+            {
+                let mut q = self.shared.lock();
+                while !q.stopped
+                    && (q.failed.is_some() || (q.done == q.submitted && q.ops.is_empty()))
+                {
+                    q = self.shared.wake.wait(q).expect("flush queue lock");
+                }
+                if q.stopped {
+                    return;
+                }
+            }
+            if self.step().is_none() {
+                return;
+            }
+        }
+    }
+
+    /// One round: takes the queued operations and copies the ring's new
+    /// records at one change number, applies and writes them, flushes in
+    /// `fsync` durability, gives ring room back, and completes the waiters
+    /// of that number. `None` when the store is gone.
+    pub fn step(&mut self) -> Option<Round> {
+        let store = self.store.upgrade()?;
+        let (ops, number, copied_to) = {
+            let wal = store.wal.lock().expect("wal lock");
+            let mut q = self.shared.lock();
+            if q.failed.is_some() {
+                return Some(Round {
+                    entries: 0,
+                    bytes: 0,
+                    ops: 0,
+                    synced: false,
+                });
+            }
+            let ops: Vec<SegmentOp> = q.ops.drain(..).collect();
+            self.buf.clear();
+            let ring = wal.ring();
+            let last = ring.copy_records(q.cursor, MAX_FLUSH_BYTES, &mut self.buf);
+            let first = q.cursor;
+            if let Some(last) = last {
+                q.cursor = last + 1;
+            }
+            // The round covers every change so far only if it copied up to
+            // the ring's end; else the next round goes on from the cursor.
+            let complete = q.cursor >= ring.next_index();
+            let number = if complete { q.submitted } else { q.done };
+            (ops, number, last.map(|l| (first, l)))
+        };
+        let entries = copied_to.map_or(0, |(first, last)| last + 1 - first);
+        let bytes = self.buf.len() as u64;
+        let result = (|| {
+            for op in &ops {
+                match *op {
+                    SegmentOp::TruncateAfter(last_kept) => self.sink.truncate_after(last_kept)?,
+                    SegmentOp::RemoveBefore(first_kept) => self.sink.remove_before(first_kept)?,
+                }
+            }
+            if !self.buf.is_empty() {
+                self.sink.append(&self.buf)?;
+            }
+            let sync =
+                self.durability == Durability::Fsync && (!self.buf.is_empty() || !ops.is_empty());
+            if sync {
+                self.sink.sync()?;
+            }
+            Ok::<bool, WalError>(sync)
+        })();
+        let synced = *result.as_ref().unwrap_or(&false);
+        let mut ready = Vec::new();
+        let mut room = false;
+        {
+            let mut wal = store.wal.lock().expect("wal lock");
+            let mut q = self.shared.lock();
+            match &result {
+                Ok(_) => {
+                    if let Some((_, last)) = copied_to {
+                        // Only what the segments hold in its current form: a
+                        // truncation since the copy moved the cursor back.
+                        let durable = last.min(q.cursor.saturating_sub(1));
+                        let ring = wal.ring_mut();
+                        if self.durability == Durability::Fsync
+                            && durable < ring.next_index()
+                            && durable >= ring.first_index()
+                        {
+                            ring.mark_acked(durable);
+                        }
+                        let keep = ring.geometry().capacity / KEEP_IN_RING_DIVISOR;
+                        if ring.used_bytes() > keep {
+                            room = ring.release_to_fit(keep, durable);
+                        }
+                    }
+                    q.done = q.done.max(number);
+                    while q.waiters.front().is_some_and(|(n, _)| *n <= q.done) {
+                        let (_, waiter) = q.waiters.pop_front().expect("front exists");
+                        ready.push((waiter, Ok(())));
+                    }
+                }
+                Err(e) => {
+                    let failed = format!("the segment log failed: {e}");
+                    tracing::error!(error = %e, "segment log I/O failed: appends stop being acknowledged");
+                    q.failed = Some(failed.clone());
+                    for (_, waiter) in q.waiters.drain(..) {
+                        ready.push((waiter, Err(failed.clone())));
+                    }
+                }
+            }
+        }
+        for (waiter, result) in ready {
+            waiter.complete(result);
+        }
+        if room && let Some(notify) = &self.on_room {
+            notify();
+        }
+        Some(Round {
+            entries,
+            bytes,
+            ops: ops.len(),
+            synced,
+        })
+    }
+}
