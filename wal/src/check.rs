@@ -8,6 +8,10 @@
 //! the ring header, the acknowledged watermark and the commit hint) and a
 //! value out of range is an error naming the file and the field. The
 //! incarnation is only reported, not bumped, so any value is fine here.
+//!
+//! When the directory has a `log/` folder, its segment files are checked
+//! too ([`crate::check_segments`]), with the same verdicts, against the
+//! ring's identity and acknowledged watermark.
 
 use std::fmt;
 use std::fs::File;
@@ -24,6 +28,8 @@ use crate::layout::{
 use crate::meta::{META_FILE, Meta};
 use crate::recovery::{Damage, Evidence, ScanInput, Stop, scan};
 use crate::ring::RING_FILE;
+use crate::segment::SEGMENT_DIR;
+use crate::segment_log::{SegmentRecovery, check_segments};
 use crate::validate::{Geometry, LogPos};
 
 /// What [`check`] found.
@@ -57,16 +63,44 @@ pub struct CheckReport {
     pub stop: Option<Stop>,
     /// How the log ended.
     pub damage: Damage,
+    /// The segment files, when the directory has a `log/` folder.
+    pub segments: Option<SegmentRecovery>,
 }
 
 impl CheckReport {
-    /// True when the log breaks below the highest index the node had
-    /// acknowledged: entries it vouched for are gone.
+    /// True when the log (the ring or the segments) breaks below the
+    /// highest index the node had acknowledged: entries it vouched for are
+    /// gone.
     pub fn corrupt_in_acknowledged_range(&self) -> bool {
-        matches!(
-            self.damage,
-            Damage::CorruptInside(Evidence::BelowWatermark { .. })
-        )
+        let below = |damage: Damage| {
+            matches!(
+                damage,
+                Damage::CorruptInside(Evidence::BelowWatermark { .. })
+            )
+        };
+        below(self.damage) || self.segments.as_ref().is_some_and(|s| below(s.damage))
+    }
+}
+
+fn verdict(damage: Damage, position: impl Fn(u64) -> String) -> String {
+    match damage {
+        Damage::None => "clean: the log ends where the writes ended".to_string(),
+        Damage::TornTail => {
+            "torn tail: the last unacknowledged write was cut; nothing acknowledged is missing"
+                .to_string()
+        }
+        Damage::CorruptInside(Evidence::BelowWatermark {
+            acked,
+            recovered_next_index,
+        }) => format!(
+            "CORRUPT inside the acknowledged range: the log breaks at index {recovered_next_index}, \
+             but the node acknowledged up to {acked}"
+        ),
+        Damage::CorruptInside(Evidence::WellFormedBeyond { lsn, index, epoch }) => format!(
+            "CORRUPT inside the log (beyond the acknowledged range): a well-formed record \
+             (index {index}, {epoch}) lies at {}, past the break",
+            position(lsn)
+        ),
     }
 }
 
@@ -122,25 +156,55 @@ impl fmt::Display for CheckReport {
             Some(stop) => writeln!(f, "first invalid lsn {}: {}", stop.lsn, stop.reason)?,
             None => writeln!(f, "first invalid none: the valid records fill the ring")?,
         }
-        let verdict = match self.damage {
-            Damage::None => "clean: the log ends where the writes ended".to_string(),
-            Damage::TornTail => {
-                "torn tail: the last unacknowledged write was cut; nothing acknowledged is missing"
-                    .to_string()
-            }
-            Damage::CorruptInside(Evidence::BelowWatermark {
-                acked,
-                recovered_next_index,
-            }) => format!(
-                "CORRUPT inside the acknowledged range: the log breaks at index {recovered_next_index}, \
-                 but the node acknowledged up to {acked}"
-            ),
-            Damage::CorruptInside(Evidence::WellFormedBeyond { lsn, index, epoch }) => format!(
-                "CORRUPT inside the log (beyond the acknowledged range): a well-formed record \
-                 (index {index}, {epoch}) lies at lsn {lsn}, past the break"
-            ),
-        };
-        write!(f, "verdict       {verdict}")
+        write!(
+            f,
+            "verdict       {}",
+            verdict(self.damage, |lsn| format!("lsn {lsn}"))
+        )?;
+        if let Some(segments) = &self.segments {
+            writeln!(f)?;
+            write!(f, "{}", SegmentsDisplay(segments))?;
+        }
+        Ok(())
+    }
+}
+
+/// The segment lines of a check report.
+struct SegmentsDisplay<'a>(&'a SegmentRecovery);
+
+impl fmt::Display for SegmentsDisplay<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.0;
+        match s.last {
+            Some(last) => writeln!(
+                f,
+                "segments      {} files, {} bytes: index {}..={} ({} entries, last term {})",
+                s.segments, s.disk_bytes, s.first_index, last.index, s.entries, last.term
+            )?,
+            None => writeln!(
+                f,
+                "segments      {} files, {} bytes: empty",
+                s.segments, s.disk_bytes
+            )?,
+        }
+        match &s.stop {
+            Some(stop) => writeln!(
+                f,
+                "  first invalid {} at offset {}: {}",
+                stop.path.display(),
+                stop.offset,
+                stop.reason
+            )?,
+            None => writeln!(
+                f,
+                "  first invalid none: the last segment's data ends cleanly"
+            )?,
+        }
+        write!(
+            f,
+            "  verdict     {}",
+            verdict(s.damage, |lsn| format!("ring lsn {lsn} in a segment"))
+        )
     }
 }
 
@@ -204,6 +268,18 @@ pub fn check(dir: &Path) -> Result<CheckReport> {
         });
     }
     let anchor = meta.purged.map(|p| p.log);
+    let segment_dir = dir.join(SEGMENT_DIR);
+    let segments = if segment_dir.is_dir() {
+        Some(check_segments(
+            &crate::disk::RealDisk,
+            &segment_dir,
+            header.cluster_id,
+            header.node_id,
+            acked,
+        )?)
+    } else {
+        None
+    };
     let report = scan(
         &map[CONTROL_BLOCK_BYTES..],
         ScanInput {
@@ -232,5 +308,6 @@ pub fn check(dir: &Path) -> Result<CheckReport> {
         end_lsn: report.end_lsn,
         stop: report.stop,
         damage: report.damage,
+        segments,
     })
 }

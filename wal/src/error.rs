@@ -245,6 +245,42 @@ pub enum WalError {
     /// A truncation or purge that contradicts the log.
     #[error("{0}")]
     Conflict(String),
+    /// The disk (or the quota) is full: appends are refused until space is
+    /// freed; reads go on. Retry after retention or a trim freed space.
+    #[error(
+        "{path}: disk full (no space for {needed} more bytes); appends are refused until space is freed, reads go on"
+    )]
+    DiskFull {
+        /// The file that could not grow.
+        path: PathBuf,
+        /// Bytes the operation needed (0 when the OS did not say, e.g. a flush).
+        needed: u64,
+    },
+    /// An earlier write or flush of the segment log failed: what was
+    /// written since may not be on disk (the kernel may have dropped the
+    /// dirty pages), so nothing more is written or called durable.
+    #[error(
+        "{path}: an earlier {op} failed ({first}); restart the node to recover from what is on disk"
+    )]
+    LogFailed {
+        /// The file the first failure named.
+        path: PathBuf,
+        /// The operation that failed.
+        op: &'static str,
+        /// The first failure.
+        first: String,
+    },
+    /// The index is below the first index the segment log retains
+    /// (removed by retention or a trim).
+    #[error("index {index} was removed by retention: the log retains {first}..{next}")]
+    Trimmed {
+        /// The index asked for.
+        index: u64,
+        /// First retained index.
+        first: u64,
+        /// One past the last index held.
+        next: u64,
+    },
     /// A stored record no longer passes its checks.
     #[error("record {index} at lsn {lsn} is corrupt in memory: {detail}")]
     Corrupt {
@@ -266,9 +302,31 @@ impl WalError {
         move |source| WalError::Io { op, path, source }
     }
 
+    /// An I/O error of `op` on `path` that tried to write `needed` bytes:
+    /// [`WalError::DiskFull`] when the OS said the disk or the quota is
+    /// full (ENOSPC, EDQUOT), [`WalError::Io`] otherwise.
+    pub fn from_io(
+        op: &'static str,
+        path: &std::path::Path,
+        needed: u64,
+        source: std::io::Error,
+    ) -> WalError {
+        match source.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => WalError::DiskFull {
+                path: path.to_path_buf(),
+                needed,
+            },
+            _ => WalError::Io {
+                op,
+                path: path.to_path_buf(),
+                source,
+            },
+        }
+    }
+
     /// True when waiting (for a purge) and retrying can succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, WalError::RingFull { .. })
+        matches!(self, WalError::RingFull { .. } | WalError::DiskFull { .. })
     }
 }
 

@@ -18,6 +18,11 @@
 //! - [`ring`]: the memory-mapped ring file ([`Ring`]);
 //! - [`meta`]: the vote / metadata file ([`Meta`]);
 //! - [`store`]: a data directory, both files together ([`Wal`]);
+//! - [`disk`]: the synchronous disk trait ([`Disk`], [`RealDisk`]) that a
+//!   simulated disk can replace;
+//! - [`segment`]: the segment file format (pure);
+//! - [`segment_log`]: the log of segment files ([`SegmentLog`],
+//!   [`SegmentReader`]): the retained log on disk beyond the ring;
 //! - [`check`](mod@check): the offline checker ([`check()`]).
 //!
 //! ## Using it (the replicator's view)
@@ -49,16 +54,20 @@
 
 pub mod check;
 mod crc;
+pub mod disk;
 pub mod error;
 pub mod layout;
 pub mod meta;
 pub mod record;
 pub mod recovery;
 pub mod ring;
+pub mod segment;
+pub mod segment_log;
 pub mod store;
 pub mod validate;
 
 pub use check::{CheckReport, check};
+pub use disk::{Access, Disk, DiskFile, RealDisk, RealFile};
 pub use error::{AdoptError, LayoutError, Result, WalError};
 pub use layout::{Epoch, RingHeader};
 pub use meta::{Meta, PurgePoint, VoteRecord};
@@ -66,6 +75,11 @@ pub use record::{EntryRef, RecordEncoder, RecordKind, WriteBuffer};
 pub use recovery::{Damage, Evidence, ScanReport, Stop};
 pub use ring::{
     AdoptRequest, Extended, PreparedAdoption, RawRegion, RecordView, Ring, RingConfig, RingRegions,
+};
+pub use segment::{SegmentDefect, SegmentHeader};
+pub use segment_log::{
+    SegmentConfig, SegmentLog, SegmentReader, SegmentRecord, SegmentRecovery, SegmentStop,
+    check_segments,
 };
 pub use store::{Recovery, Wal};
 pub use validate::{ChainTip, Check, Geometry, Invalid, LogPos};

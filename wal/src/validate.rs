@@ -119,14 +119,12 @@ pub enum Check {
         /// The ring's fence.
         fence: Epoch,
     },
-}
-
-impl Check {
-    fn fence(self) -> Epoch {
-        match self {
-            Check::Adoption { fence } | Check::Recovery { fence } => fence,
-        }
-    }
+    /// A record of a segment file ([`crate::segment`]): no fence is known
+    /// there, so only the epoch rules along the chain apply (not below the
+    /// previous record's epoch, term not above the epoch's term). The lsn
+    /// rule differs too and is the segment scanner's: lsns strictly increase
+    /// along the log instead of naming the record's position.
+    Segment,
 }
 
 /// The shape of the data area the validator checks against.
@@ -437,15 +435,14 @@ pub fn validate_fields(
 }
 
 fn check_epoch(header: &RecordHeader, tip: ChainTip, check: Check) -> Result<(), Invalid> {
-    let fence = check.fence();
     match check {
-        Check::Adoption { .. } if header.epoch != fence => {
+        Check::Adoption { fence } if header.epoch != fence => {
             return Err(Invalid::NotFenceHolder {
                 fence,
                 found: header.epoch,
             });
         }
-        Check::Recovery { .. } if header.epoch > fence => {
+        Check::Recovery { fence } if header.epoch > fence => {
             return Err(Invalid::EpochAboveFence {
                 fence,
                 found: header.epoch,
