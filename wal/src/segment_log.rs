@@ -927,6 +927,20 @@ impl<D: Disk> SegmentLog<D> {
         })
     }
 
+    /// The chain state after the last record: the index and prev_term the
+    /// next record must carry, and the epoch it must not go below (an
+    /// unanchored tip for an empty log).
+    pub fn tip(&self) -> ChainTip {
+        self.tip
+    }
+
+    /// Where the last record ends in lsn space (0 for an empty log). The
+    /// next record's lsn must not be below it: a ring rebuilt after its
+    /// memory was lost (a reboot) must continue at or beyond it.
+    pub fn lsn_end(&self) -> u64 {
+        self.lsn_end
+    }
+
     /// The last entry made durable by [`SegmentLog::sync`] (or found at
     /// `open`).
     pub fn durable(&self) -> Option<LogPos> {
@@ -1058,9 +1072,10 @@ impl<D: Disk> SegmentLog<D> {
     /// not flush: see [`SegmentLog::sync`].
     ///
     /// # Errors
-    /// [`WalError::DiskFull`] when a new segment cannot get its space:
-    /// nothing of the batch was written, and a later append can succeed
-    /// once space is freed. [`WalError::LogFailed`] after an earlier
+    /// [`WalError::DiskFull`] when a new segment cannot get its space, or
+    /// (without preallocation) a write finds the disk full: nothing of the
+    /// batch stays written, and a later append can succeed once space is
+    /// freed. [`WalError::LogFailed`] after an earlier
     /// failure; [`WalError::Io`] (the log then refuses further writes).
     ///
     /// # Panics
@@ -1119,6 +1134,13 @@ impl<D: Disk> SegmentLog<D> {
             }
             bufs.extend(part.slices.iter().copied());
             if let Err(err) = file.write_at(&bufs, offset) {
+                // A full disk (possible without preallocation): undo the
+                // batch's bytes so that a later append starts clean.
+                if matches!(err, WalError::DiskFull { .. })
+                    && self.undo_batch(&created, active.as_ref()).is_ok()
+                {
+                    return Err(err);
+                }
                 self.fail("write", &path, &err);
                 return Err(err);
             }
@@ -1171,6 +1193,28 @@ impl<D: Disk> SegmentLog<D> {
         for (file, _) in written {
             if !self.unsynced.iter().any(|f| Arc::ptr_eq(f, &file)) {
                 self.unsynced.push(file);
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the segments a failed append created and cuts the active
+    /// one back to its end.
+    fn undo_batch(
+        &self,
+        created: &[(usize, Arc<D::File>, PathBuf)],
+        active: Option<&(Arc<D::File>, u64, PathBuf)>,
+    ) -> Result<()> {
+        for (_, _, path) in created.iter().rev() {
+            self.disk.remove(path)?;
+        }
+        if !created.is_empty() {
+            self.disk.sync_dir(&self.dir)?;
+        }
+        if let Some((file, end, _)) = active {
+            file.set_len(*end)?;
+            if self.config.preallocate {
+                file.preallocate(self.config.segment_bytes)?;
             }
         }
         Ok(())

@@ -501,7 +501,10 @@ type Hook = Box<dyn FnOnce() + Send>;
 #[derive(Clone, Default)]
 struct HookDisk {
     before_read: Arc<Mutex<Option<Hook>>>,
+    /// Preallocation fails with ENOSPC.
     disk_full: Arc<Mutex<bool>>,
+    /// Writes write their first part only, then fail with ENOSPC.
+    writes_fail_half_way: Arc<Mutex<bool>>,
 }
 
 struct HookFile {
@@ -545,6 +548,15 @@ impl DiskFile for HookFile {
         self.inner.size()
     }
     fn write_at(&self, bufs: &[&[u8]], offset: u64) -> ringraft_wal::Result<()> {
+        if *self.disk.writes_fail_half_way.lock().unwrap() {
+            self.inner.write_at(&bufs[..1], offset)?;
+            return Err(WalError::from_io(
+                "write",
+                self.path(),
+                bufs.iter().map(|b| b.len() as u64).sum(),
+                std::io::Error::from_raw_os_error(libc_enospc()),
+            ));
+        }
         self.inner.write_at(bufs, offset)
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> ringraft_wal::Result<usize> {
@@ -677,6 +689,54 @@ fn a_full_disk_refuses_appends_without_writing_and_reads_go_on() {
     let mut all = source.entries.clone();
     all.extend(more.entries.clone());
     assert_eq!(contents(&log), all);
+}
+
+/// Issue 11, item 5 (the wal's part): without preallocation a write can
+/// find the disk full half way; the batch is undone, the log stays usable,
+/// and the same append succeeds once space is freed.
+#[test]
+fn a_write_that_finds_the_disk_full_is_undone_and_appends_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = HookDisk::default();
+    let cfg = SegmentConfig {
+        preallocate: false,
+        ..config(4096)
+    };
+    let (mut log, _) = SegmentLog::open(disk.clone(), dir.path(), cfg, None).unwrap();
+    let mut source = Source::new();
+    let first = source.batch(1, &[100, 100]);
+    log.append(&[&first]).unwrap();
+    log.sync().unwrap();
+    let kept = source.entries.clone();
+    let last = log.last_log();
+    // Two slices into the active segment, then a third rolling to a new
+    // one: the first write lands half, then ENOSPC.
+    let a = source.batch(1, &[200]);
+    let b = source.batch(1, &[3000]);
+    let c = source.batch(1, &[300]);
+    *disk.writes_fail_half_way.lock().unwrap() = true;
+    let err = log.append(&[&a, &b, &c]).unwrap_err();
+    assert!(matches!(err, WalError::DiskFull { .. }), "{err}");
+    assert_eq!(log.last_log(), last);
+    assert_eq!(contents(&log), kept);
+    assert_eq!(
+        segment_files(dir.path()).len(),
+        1,
+        "the new segment was removed"
+    );
+    // Nothing of the batch is left on disk: a reopen sees the clean log.
+    let (other, recovery) = SegmentLog::open(RealDisk, dir.path(), cfg, None).unwrap();
+    assert_eq!(recovery.damage, Damage::None, "{recovery:?}");
+    assert_eq!(recovery.stop, None);
+    drop(other);
+    *disk.writes_fail_half_way.lock().unwrap() = false;
+    log.append(&[&a, &b, &c]).unwrap();
+    log.sync().unwrap();
+    assert_eq!(contents(&log), source.entries);
+    drop(log);
+    let (log, recovery) = SegmentLog::open(RealDisk, dir.path(), cfg, None).unwrap();
+    assert_eq!(recovery.damage, Damage::None);
+    assert_eq!(contents(&log), source.entries);
 }
 
 #[test]
@@ -888,4 +948,136 @@ fn wal_check_gives_the_segments_verdicts() {
         report.to_string().contains("CORRUPT inside the log"),
         "{report}"
     );
+}
+
+mod model {
+    //! Random operation sequences against a model: the log holds exactly
+    //! what was appended, minus what was truncated, from the first retained
+    //! index on, across reopens.
+
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Append { term_bump: bool, lens: Vec<usize> },
+        Sync,
+        TruncateAfter(u64),
+        RemoveBefore(u64),
+        Reopen,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (any::<bool>(), prop::collection::vec(0usize..2500, 1..5))
+                .prop_map(|(term_bump, lens)| Op::Append { term_bump, lens }),
+            2 => Just(Op::Sync),
+            1 => (0u64..1000).prop_map(Op::TruncateAfter),
+            1 => (0u64..1000).prop_map(Op::RemoveBefore),
+            1 => Just(Op::Reopen),
+        ]
+    }
+
+    struct World {
+        dir: tempfile::TempDir,
+        log: Option<SegmentLog<RealDisk>>,
+        source: Source,
+        term: u64,
+        first: u64,
+    }
+
+    impl World {
+        fn log(&mut self) -> &mut SegmentLog<RealDisk> {
+            self.log.as_mut().unwrap()
+        }
+
+        fn apply(&mut self, op: &Op) {
+            match op {
+                Op::Append { term_bump, lens } => {
+                    if *term_bump {
+                        self.term += 1;
+                    }
+                    let bytes = self.source.batch(self.term, lens);
+                    // Two slices when there are several records: several
+                    // slices of one append.
+                    let first_len = 64 + lens[0].next_multiple_of(64);
+                    if lens.len() > 1 {
+                        let (x, y) = bytes.split_at(first_len);
+                        self.log().append(&[x, y]).unwrap();
+                    } else {
+                        self.log().append(&[&bytes]).unwrap();
+                    }
+                }
+                Op::Sync => {
+                    let durable = self.log().sync().unwrap();
+                    assert_eq!(durable, self.log().last_log());
+                }
+                Op::TruncateAfter(k) => {
+                    let Some(last) = self.source.entries.last().map(|e| e.0) else {
+                        return;
+                    };
+                    let first = self.first;
+                    if last < first {
+                        return;
+                    }
+                    // Somewhere in the retained range (not below it).
+                    let keep = first + k % (last - first + 1);
+                    let lsn_after = {
+                        let r = self.log().reader().read(keep).unwrap();
+                        r.lsn + 64 + r.payload.len().next_multiple_of(64) as u64
+                    };
+                    self.log().truncate_after(Some(keep)).unwrap();
+                    self.source.truncate_after(keep, lsn_after);
+                }
+                Op::RemoveBefore(k) => {
+                    let next = self.log().next_index();
+                    let first = self.log().remove_before(k % (next + 1)).unwrap();
+                    assert!(first <= next);
+                    self.first = first;
+                }
+                Op::Reopen => {
+                    drop(self.log.take());
+                    let (log, recovery) = open(self.dir.path(), 4096, None);
+                    assert_eq!(recovery.damage, Damage::None, "{recovery:?}");
+                    assert_eq!(recovery.first_index, self.first);
+                    self.log = Some(log);
+                }
+            }
+        }
+
+        fn check(&mut self) {
+            let first = self.first;
+            let expected: Vec<_> = self
+                .source
+                .entries
+                .iter()
+                .filter(|e| e.0 >= first)
+                .cloned()
+                .collect();
+            let log = self.log.as_ref().unwrap();
+            assert_eq!(log.first_index(), first);
+            assert_eq!(contents(log), expected);
+            if first > 0 {
+                assert!(matches!(
+                    log.reader().read(first - 1),
+                    Err(WalError::Trimmed { .. })
+                ));
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+        #[test]
+        fn operation_sequences_match_the_model(ops in prop::collection::vec(op(), 1..40)) {
+            let dir = tempfile::tempdir().unwrap();
+            let (log, _) = open(dir.path(), 4096, None);
+            let mut world = World { dir, log: Some(log), source: Source::new(), term: 1, first: 0 };
+            for op in &ops {
+                world.apply(op);
+                world.check();
+            }
+        }
+    }
 }
