@@ -14,18 +14,24 @@
 //! - `falloc`: the same into a file preallocated with `fallocate` (unwritten
 //!   extents: the first write to a block converts it, a metadata change);
 //! - `zeroed`: the same into a file written with zeroes and fsynced before;
+//! - `zeroahead`: the same into a fallocated file, the write carrying zeroes
+//!   up to the next 1 MiB boundary whenever it passes the zeroed part (one
+//!   pwritev), so that extents are converted once per MiB, not per write;
 //! - `dsync`: pwrite on an `O_DSYNC` file (zero-filled), no separate flush;
 //! - `direct`: pwrite on an `O_DIRECT | O_DSYNC` file (zero-filled), each
 //!   write padded to whole 4 KiB blocks from an aligned buffer;
 //! - `uring`: one io_uring submission of a write linked to an fdatasync,
 //!   into a zero-filled file (feature `io-uring-bench`);
 //! - `seglog`: `SegmentLog::append` of one record of that size (payload =
-//!   size - 64) + `SegmentLog::sync`, 64 MiB segments preallocated: the
-//!   log's own path end to end.
+//!   size - 64) + `SegmentLog::sync`, 64 MiB segments preallocated, zeroes
+//!   1 MiB ahead (the defaults): the log's own path end to end;
+//! - `seglog-nz`: the same with `zero_ahead_bytes: 0`.
 //!
 //! Files go under `target/bench-tmp` (on the real disk; `/tmp` may be a
-//! tmpfs) unless `--dir` says otherwise. Rounds interleave the methods, so
-//! that a change in the machine's load falls on all of them.
+//! tmpfs) unless `--dir` says otherwise. The methods take turns write by
+//! write (all files open at once, the first to go rotating), so that a
+//! change in the machine's load falls on all of them alike; 50 writes of
+//! each are a warm-up, not counted.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -45,11 +51,13 @@ enum Method {
     Grow,
     Falloc,
     Zeroed,
+    ZeroAhead,
     Dsync,
     Direct,
     #[cfg(feature = "io-uring-bench")]
     Uring,
     SegLog,
+    SegLogNoZero,
 }
 
 impl Method {
@@ -58,11 +66,13 @@ impl Method {
             Method::Grow,
             Method::Falloc,
             Method::Zeroed,
+            Method::ZeroAhead,
             Method::Dsync,
             Method::Direct,
             #[cfg(feature = "io-uring-bench")]
             Method::Uring,
             Method::SegLog,
+            Method::SegLogNoZero,
         ]
     }
 
@@ -71,11 +81,13 @@ impl Method {
             Method::Grow => "grow: pwrite+fdatasync, growing file",
             Method::Falloc => "falloc: pwrite+fdatasync, fallocated file",
             Method::Zeroed => "zeroed: pwrite+fdatasync, zero-filled file",
+            Method::ZeroAhead => "zeroahead: pwritev+fdatasync, fallocated, zeroes 1 MiB ahead",
             Method::Dsync => "dsync: pwrite, O_DSYNC, zero-filled",
             Method::Direct => "direct: pwrite, O_DIRECT|O_DSYNC, zero-filled",
             #[cfg(feature = "io-uring-bench")]
             Method::Uring => "uring: write->fdatasync linked, zero-filled",
             Method::SegLog => "seglog: SegmentLog append+sync",
+            Method::SegLogNoZero => "seglog-nz: the same, no zero-ahead",
         }
     }
 }
@@ -157,19 +169,13 @@ impl Drop for Aligned {
     }
 }
 
-/// Runs `iters` durable writes of `size` bytes; returns nanoseconds each.
-fn run(method: Method, size: usize, iters: usize, dir: &Path) -> Vec<u64> {
-    let path = dir.join(format!("write-methods-{size}"));
+/// Sets up `method` for `iters` durable writes of `size` bytes into a
+/// fresh file of `dir` and returns what does write `i` (0..iters, in
+/// order).
+fn writer(method: Method, size: usize, iters: usize, dir: &Path) -> Box<dyn FnMut(usize)> {
+    let path = dir.join(format!("write-methods-{size}-{method:?}"));
     let payload = vec![0xA5u8; size];
     let total = (iters * size.next_multiple_of(BLOCK)) as u64;
-    let mut samples = Vec::with_capacity(iters);
-    let mut time = |f: &mut dyn FnMut(usize)| {
-        for i in 0..iters {
-            let start = Instant::now();
-            f(i);
-            samples.push(start.elapsed().as_nanos() as u64);
-        }
-    };
     match method {
         Method::Grow | Method::Falloc | Method::Zeroed => {
             let file = match method {
@@ -187,10 +193,44 @@ fn run(method: Method, size: usize, iters: usize, dir: &Path) -> Vec<u64> {
                     OpenOptions::new().write(true).open(&path).unwrap()
                 }
             };
-            time(&mut |i| {
+            Box::new(move |i| {
                 file.write_all_at(&payload, (i * size) as u64).unwrap();
                 file.sync_data().unwrap();
-            });
+            })
+        }
+        Method::ZeroAhead => {
+            const AHEAD: u64 = 1 << 20;
+            let file = fresh(&path, 0);
+            // SAFETY: a plain syscall on an fd we own.
+            let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, (total + AHEAD) as i64) };
+            assert_eq!(rc, 0, "fallocate");
+            file.sync_all().unwrap();
+            let zeroes = vec![0u8; AHEAD as usize];
+            let mut zeroed_to = 0u64;
+            Box::new(move |i| {
+                let at = (i * size) as u64;
+                let end = at + size as u64;
+                let mut parts: Vec<&[u8]> = vec![&payload];
+                if end > zeroed_to {
+                    let to = end.next_multiple_of(AHEAD);
+                    parts.push(&zeroes[..(to - end) as usize]);
+                    zeroed_to = to;
+                }
+                let slices: Vec<std::io::IoSlice<'_>> =
+                    parts.iter().map(|p| std::io::IoSlice::new(p)).collect();
+                // SAFETY: IoSlice is ABI-compatible with iovec; the buffers
+                // live through the call.
+                let n = unsafe {
+                    libc::pwritev(
+                        file.as_raw_fd(),
+                        slices.as_ptr().cast(),
+                        slices.len() as i32,
+                        at as i64,
+                    )
+                };
+                assert_eq!(n as usize, parts.iter().map(|p| p.len()).sum::<usize>());
+                file.sync_data().unwrap();
+            })
         }
         Method::Dsync => {
             fill_zeroes(&path, total);
@@ -199,7 +239,7 @@ fn run(method: Method, size: usize, iters: usize, dir: &Path) -> Vec<u64> {
                 .custom_flags(libc::O_DSYNC)
                 .open(&path)
                 .unwrap();
-            time(&mut |i| file.write_all_at(&payload, (i * size) as u64).unwrap());
+            Box::new(move |i| file.write_all_at(&payload, (i * size) as u64).unwrap())
         }
         Method::Direct => {
             fill_zeroes(&path, total);
@@ -210,10 +250,10 @@ fn run(method: Method, size: usize, iters: usize, dir: &Path) -> Vec<u64> {
                 .unwrap();
             let block = size.next_multiple_of(BLOCK);
             let buf = Aligned::new(block);
-            time(&mut |i| {
+            Box::new(move |i| {
                 file.write_all_at(buf.as_slice(), (i * block) as u64)
                     .unwrap()
-            });
+            })
         }
         #[cfg(feature = "io-uring-bench")]
         Method::Uring => {
@@ -221,8 +261,9 @@ fn run(method: Method, size: usize, iters: usize, dir: &Path) -> Vec<u64> {
             fill_zeroes(&path, total);
             let file = OpenOptions::new().write(true).open(&path).unwrap();
             let mut ring = IoUring::new(8).unwrap();
-            let fd = types::Fd(file.as_raw_fd());
-            time(&mut |i| {
+            Box::new(move |i| {
+                // The closure owns the file, so its fd stays open.
+                let fd = types::Fd(file.as_raw_fd());
                 let write = opcode::Write::new(fd, payload.as_ptr(), size as u32)
                     .offset((i * size) as u64)
                     .build()
@@ -247,13 +288,14 @@ fn run(method: Method, size: usize, iters: usize, dir: &Path) -> Vec<u64> {
                         completion.result()
                     );
                 }
-            });
+            })
         }
-        Method::SegLog => {
-            let log_dir = dir.join(format!("write-methods-log-{size}"));
+        Method::SegLog | Method::SegLogNoZero => {
+            let log_dir = dir.join(format!("write-methods-{size}-{method:?}.d"));
             let _ = std::fs::remove_dir_all(&log_dir);
             let config = SegmentConfig {
                 max_record_bytes: 1 << 20,
+                zero_ahead_bytes: if method == Method::SegLog { 1 << 20 } else { 0 },
                 ..SegmentConfig::new(1, 1)
             };
             let (mut log, _) = SegmentLog::open(RealDisk, &log_dir, config, None).unwrap();
@@ -278,16 +320,12 @@ fn run(method: Method, size: usize, iters: usize, dir: &Path) -> Vec<u64> {
                     buf.segments()[0].bytes.clone()
                 })
                 .collect();
-            time(&mut |i| {
+            Box::new(move |i| {
                 log.append(&[&batches[i]]).unwrap();
                 log.sync().unwrap();
-            });
-            drop(log);
-            let _ = std::fs::remove_dir_all(&log_dir);
+            })
         }
     }
-    let _ = std::fs::remove_file(&path);
-    samples
 }
 
 fn percentile(sorted: &[u64], p: f64) -> f64 {
@@ -299,15 +337,40 @@ fn main() {
     let args = parse_args();
     std::fs::create_dir_all(&args.dir).unwrap();
     let methods = Method::all();
+    const WARM_UP: usize = 50;
     let mut results: Vec<Vec<Vec<u64>>> = vec![vec![Vec::new(); methods.len()]; SIZES.len()];
     for round in 0..args.rounds {
         for (s, size) in SIZES.iter().enumerate() {
-            for (m, method) in methods.iter().enumerate() {
-                eprintln!("round {round}: {} {size} B", method.name());
-                // 50 writes of warm-up, not counted.
-                run(*method, *size, 50, &args.dir);
-                let samples = run(*method, *size, args.iters, &args.dir);
-                results[s][m].extend(samples);
+            eprintln!("round {round}: {size} B");
+            let total = WARM_UP + args.iters;
+            let mut writers: Vec<Box<dyn FnMut(usize)>> = methods
+                .iter()
+                .map(|m| writer(*m, *size, total, &args.dir))
+                .collect();
+            // Write i of every method, one after the other (rotating which
+            // goes first), so that the machine's load falls on all alike.
+            for i in 0..total {
+                for k in 0..methods.len() {
+                    let m = (i + k) % methods.len();
+                    let start = Instant::now();
+                    writers[m](i);
+                    let nanos = start.elapsed().as_nanos() as u64;
+                    if i >= WARM_UP {
+                        results[s][m].push(nanos);
+                    }
+                }
+            }
+            drop(writers);
+            for entry in std::fs::read_dir(&args.dir).unwrap() {
+                let path = entry.unwrap().path();
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                if name.starts_with(&format!("write-methods-{size}-")) {
+                    if path.is_dir() {
+                        std::fs::remove_dir_all(&path).unwrap();
+                    } else {
+                        std::fs::remove_file(&path).unwrap();
+                    }
+                }
             }
         }
     }

@@ -505,6 +505,8 @@ struct HookDisk {
     disk_full: Arc<Mutex<bool>>,
     /// Writes write their first part only, then fail with ENOSPC.
     writes_fail_half_way: Arc<Mutex<bool>>,
+    /// Every write: (file name, offset, bytes).
+    writes: Arc<Mutex<Vec<(String, u64, u64)>>>,
 }
 
 struct HookFile {
@@ -548,6 +550,15 @@ impl DiskFile for HookFile {
         self.inner.size()
     }
     fn write_at(&self, bufs: &[&[u8]], offset: u64) -> ringraft_wal::Result<()> {
+        self.disk.writes.lock().unwrap().push((
+            self.path()
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned(),
+            offset,
+            bufs.iter().map(|b| b.len() as u64).sum(),
+        ));
         if *self.disk.writes_fail_half_way.lock().unwrap() {
             self.inner.write_at(&bufs[..1], offset)?;
             return Err(WalError::from_io(
@@ -736,6 +747,49 @@ fn a_write_that_finds_the_disk_full_is_undone_and_appends_resume() {
     drop(log);
     let (log, recovery) = SegmentLog::open(RealDisk, dir.path(), cfg, None).unwrap();
     assert_eq!(recovery.damage, Damage::None);
+    assert_eq!(contents(&log), source.entries);
+}
+
+/// A write that passes the zeroed part of a preallocated segment carries
+/// zeroes up to the next `zero_ahead_bytes` boundary, in the same write;
+/// writes within it carry none. Recovery calls the zeroes a clean end.
+#[test]
+fn writes_carry_zeroes_ahead_to_the_next_boundary() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = HookDisk::default();
+    let cfg = SegmentConfig {
+        segment_bytes: 64 << 10,
+        zero_ahead_bytes: 16 << 10,
+        ..config(4096)
+    };
+    let (mut log, _) = SegmentLog::open(disk.clone(), dir.path(), cfg, None).unwrap();
+    let mut source = Source::new();
+    let mut append = |lens: &[usize]| {
+        let bytes = source.batch(1, lens);
+        log.append(&[&bytes]).unwrap();
+    };
+    append(&[100]); // header 64 + record 192, zeroes to 16 KiB
+    append(&[100]); // within the zeroed part
+    append(&[16 << 10]); // from 448 to 448 + 16448 = 16896: zeroes to 32 KiB
+    append(&[48 << 10]); // 16896 + 49216 > 64 KiB: a new segment, zeroes
+    // to its end
+    let name0 = ringraft_wal::segment::segment_name(0);
+    let name3 = ringraft_wal::segment::segment_name(3);
+    let writes = disk.writes.lock().unwrap().clone();
+    assert_eq!(
+        writes,
+        vec![
+            (name0.clone(), 0, 16 << 10),
+            (name0.clone(), 256, 192),
+            (name0, 448, (32 << 10) - 448),
+            (name3, 0, 64 << 10),
+        ]
+    );
+    log.sync().unwrap();
+    drop(log);
+    let (log, recovery) = SegmentLog::open(RealDisk, dir.path(), cfg, None).unwrap();
+    assert_eq!(recovery.damage, Damage::None);
+    assert_eq!(recovery.stop, None);
     assert_eq!(contents(&log), source.entries);
 }
 
