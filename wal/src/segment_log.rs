@@ -76,6 +76,8 @@ use crate::validate::{ChainTip, LogPos};
 
 /// Default size of a segment file, in bytes.
 pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
+/// Default [`SegmentConfig::zero_ahead_bytes`].
+pub const DEFAULT_ZERO_AHEAD_BYTES: u64 = 1 << 20;
 /// Smallest segment size, in bytes.
 pub const MIN_SEGMENT_BYTES: u64 = 4096;
 /// Largest segment size, in bytes.
@@ -108,6 +110,15 @@ pub struct SegmentConfig {
     /// created (`fallocate`), so that appends never find the disk full
     /// mid-batch. See `wal/BENCH.md` for what it costs.
     pub preallocate: bool,
+    /// With `preallocate`: a write that passes the part of the segment
+    /// already written also writes zeroes up to the next multiple of this
+    /// many bytes (in the same pwritev), so that the flushes of the writes
+    /// that follow find their blocks already written: on ext4 a write into
+    /// a fallocated (unwritten) block makes `fdatasync` commit the journal
+    /// to convert it, a write into a written block does not (`wal/BENCH.md`).
+    /// It doubles the bytes written. 0 turns it off; otherwise a multiple
+    /// of 4096 (taken as `segment_bytes` when above it).
+    pub zero_ahead_bytes: u64,
 }
 
 impl SegmentConfig {
@@ -119,6 +130,7 @@ impl SegmentConfig {
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             max_record_bytes: 64 << 20,
             preallocate: true,
+            zero_ahead_bytes: DEFAULT_ZERO_AHEAD_BYTES,
         }
     }
 
@@ -129,6 +141,13 @@ impl SegmentConfig {
             return Err(WalError::Config(format!(
                 "segment_bytes {} is not a multiple of 4096 between {MIN_SEGMENT_BYTES} and {MAX_SEGMENT_BYTES}",
                 self.segment_bytes
+            )));
+        }
+        if !self.zero_ahead_bytes.is_multiple_of(4096) || self.zero_ahead_bytes > MAX_SEGMENT_BYTES
+        {
+            return Err(WalError::Config(format!(
+                "zero_ahead_bytes {} is not a multiple of 4096 up to {MAX_SEGMENT_BYTES}",
+                self.zero_ahead_bytes
             )));
         }
         if self.max_record_bytes > MAX_SEGMENT_RECORD_BYTES {
@@ -507,6 +526,10 @@ pub struct SegmentLog<D: Disk> {
     durable: Option<LogPos>,
     failed: Option<Failure>,
     discard: Option<Discard>,
+    /// How far the last segment is known written (records or zeroes).
+    zeroed_to: u64,
+    /// `zero_ahead_bytes` of zeroes, to write from.
+    zeroes: Vec<u8>,
 }
 
 impl<D: Disk> std::fmt::Debug for SegmentLog<D> {
@@ -841,6 +864,12 @@ impl<D: Disk> SegmentLog<D> {
             durable: None,
             failed: None,
             discard: None,
+            zeroed_to: 0,
+            zeroes: if config.preallocate {
+                vec![0; config.zero_ahead_bytes.min(config.segment_bytes) as usize]
+            } else {
+                Vec::new()
+            },
         };
         if let Some(last) = kept.last() {
             log.tip = last.tip;
@@ -885,6 +914,7 @@ impl<D: Disk> SegmentLog<D> {
         }
         log.discard = discard;
         log.durable = log.last_log();
+        log.zeroed_to = log.last_end();
         Ok((log, recovery))
     }
 
@@ -925,6 +955,20 @@ impl<D: Disk> SegmentLog<D> {
             index,
             term: last.term_of(index),
         })
+    }
+
+    /// The chain state after the last record: the index and prev_term the
+    /// next record must carry, and the epoch it must not go below (an
+    /// unanchored tip for an empty log).
+    pub fn tip(&self) -> ChainTip {
+        self.tip
+    }
+
+    /// Where the last record ends in lsn space (0 for an empty log). The
+    /// next record's lsn must not be below it: a ring rebuilt after its
+    /// memory was lost (a reboot) must continue at or beyond it.
+    pub fn lsn_end(&self) -> u64 {
+        self.lsn_end
     }
 
     /// The last entry made durable by [`SegmentLog::sync`] (or found at
@@ -987,6 +1031,11 @@ impl<D: Disk> SegmentLog<D> {
         Ok(header)
     }
 
+    /// Where the last segment's records end (0 without a segment).
+    fn last_end(&self) -> u64 {
+        read_lock(&self.shared).segments.back().map_or(0, |s| s.end)
+    }
+
     fn check_usable(&self) -> Result<()> {
         match &self.failed {
             Some(failure) => Err(WalError::LogFailed {
@@ -1035,6 +1084,7 @@ impl<D: Disk> SegmentLog<D> {
             .segments
             .back()
             .map(|s| (Arc::clone(&s.file), s.end));
+        self.zeroed_to = self.last_end();
         if discard.cut_last
             && let Some((file, end)) = last
         {
@@ -1058,9 +1108,10 @@ impl<D: Disk> SegmentLog<D> {
     /// not flush: see [`SegmentLog::sync`].
     ///
     /// # Errors
-    /// [`WalError::DiskFull`] when a new segment cannot get its space:
-    /// nothing of the batch was written, and a later append can succeed
-    /// once space is freed. [`WalError::LogFailed`] after an earlier
+    /// [`WalError::DiskFull`] when a new segment cannot get its space, or
+    /// (without preallocation) a write finds the disk full: nothing of the
+    /// batch stays written, and a later append can succeed once space is
+    /// freed. [`WalError::LogFailed`] after an earlier
     /// failure; [`WalError::Io`] (the log then refuses further writes).
     ///
     /// # Panics
@@ -1103,9 +1154,13 @@ impl<D: Disk> SegmentLog<D> {
                 .map(|s| (Arc::clone(&s.file), s.end, s.path.clone()))
         };
         let mut written: Vec<(Arc<D::File>, u64)> = Vec::new();
+        let mut zeroed_to = self.zeroed_to;
         for (k, part) in plan.iter().enumerate() {
             let (file, offset, path) = match created.iter().find(|(i, _, _)| *i == k) {
-                Some((_, file, path)) => (Arc::clone(file), 0, path.clone()),
+                Some((_, file, path)) => {
+                    zeroed_to = 0;
+                    (Arc::clone(file), 0, path.clone())
+                }
                 None => {
                     let (file, end, path) =
                         active.clone().expect("an append into the active segment");
@@ -1113,12 +1168,29 @@ impl<D: Disk> SegmentLog<D> {
                 }
             };
             let header_bytes = part.new_header.map(|h| h.encode());
-            let mut bufs: Vec<&[u8]> = Vec::with_capacity(part.slices.len() + 1);
+            let mut bufs: Vec<&[u8]> = Vec::with_capacity(part.slices.len() + 2);
             if let Some(h) = &header_bytes {
                 bufs.push(h);
             }
             bufs.extend(part.slices.iter().copied());
+            let part_end = offset + bufs.iter().map(|b| b.len() as u64).sum::<u64>();
+            if !self.zeroes.is_empty() && part_end > zeroed_to {
+                let zero_to = part_end
+                    .next_multiple_of(self.zeroes.len() as u64)
+                    .min(self.config.segment_bytes)
+                    .max(part_end);
+                bufs.push(&self.zeroes[..(zero_to - part_end) as usize]);
+                zeroed_to = zero_to;
+            }
             if let Err(err) = file.write_at(&bufs, offset) {
+                // A full disk (possible without preallocation): undo the
+                // batch's bytes so that a later append starts clean.
+                if matches!(err, WalError::DiskFull { .. })
+                    && self.undo_batch(&created, active.as_ref()).is_ok()
+                {
+                    self.zeroed_to = active.as_ref().map_or(0, |a| a.1);
+                    return Err(err);
+                }
                 self.fail("write", &path, &err);
                 return Err(err);
             }
@@ -1165,12 +1237,35 @@ impl<D: Disk> SegmentLog<D> {
         }
         self.tip = last.tip;
         self.lsn_end = last.lsn_end;
+        self.zeroed_to = zeroed_to;
         if !created.is_empty() {
             self.dir_dirty = true;
         }
         for (file, _) in written {
             if !self.unsynced.iter().any(|f| Arc::ptr_eq(f, &file)) {
                 self.unsynced.push(file);
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the segments a failed append created and cuts the active
+    /// one back to its end.
+    fn undo_batch(
+        &self,
+        created: &[(usize, Arc<D::File>, PathBuf)],
+        active: Option<&(Arc<D::File>, u64, PathBuf)>,
+    ) -> Result<()> {
+        for (_, _, path) in created.iter().rev() {
+            self.disk.remove(path)?;
+        }
+        if !created.is_empty() {
+            self.disk.sync_dir(&self.dir)?;
+        }
+        if let Some((file, end, _)) = active {
+            file.set_len(*end)?;
+            if self.config.preallocate {
+                file.preallocate(self.config.segment_bytes)?;
             }
         }
         Ok(())
@@ -1376,6 +1471,7 @@ impl<D: Disk> SegmentLog<D> {
         }
         self.unsynced
             .retain(|f| !removed.iter().any(|s| Arc::ptr_eq(f, &s.file)));
+        self.zeroed_to = self.last_end();
         // The new tail's chain state: its header, read back.
         match self.last_log() {
             Some(last) => {
