@@ -140,6 +140,50 @@ async fn a_follower_with_a_damaged_ring_recovers_and_never_applies_a_corrupt_ent
     assert_nothing_lost(&c, &acked);
 }
 
+/// Issue 11, item 1: a follower whose ring a reboot cleared (shared memory
+/// is gone, its data directory is not) comes back: the ring is recreated,
+/// empty after the segments' last entry, its fence rebuilt from the durable
+/// vote (never below the vote's term); the follower catches up and
+/// nothing acknowledged is lost. The old code refused to start
+/// (`WalError::Incomplete`: meta exists but ring does not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_whose_ring_a_reboot_cleared_catches_up() {
+    for durability in [Durability::Memory, Durability::Fsync] {
+        let mut c = Cluster::start(Kind::Inproc, 3, durability, 11).await;
+        let mut acked = Vec::new();
+        let last = write_n(&c, "a", 40, &mut acked).await;
+        c.wait_applied(last, T).await;
+        let leader = c.leader().await;
+        let follower = (1..=3).find(|id| *id != leader).unwrap();
+        c.stop(follower).await;
+        let vote = ringraft_wal::Meta::read(&c.data_dir(follower).join("meta"))
+            .unwrap()
+            .vote
+            .expect("the follower voted");
+        // The reboot: the follower's ring (and its owner record) is gone.
+        let ring = c.ring_path(follower);
+        std::fs::remove_file(&ring).unwrap();
+        std::fs::remove_file(ring.with_extension("owner")).unwrap();
+        c.boot(follower).await.unwrap();
+        let recovery = c.node(follower).log_store().with_wal(|w| *w.recovery());
+        assert!(recovery.ring_recreated, "{recovery:?}");
+        // The log itself is recovered from the segments (a clean stop
+        // flushed them in either durability).
+        assert_eq!(recovery.last.map(|l| l.index), Some(last), "{recovery:?}");
+        assert!(recovery.fence.term() >= vote.term, "{recovery:?} {vote:?}");
+        let last = write_n(&c, "b", 10, &mut acked).await;
+        c.wait_applied(last, T).await;
+        assert_nothing_lost(&c, &acked);
+        assert_eq!(
+            c.node(follower)
+                .log_store()
+                .with_wal(|w| w.ring().next_index()),
+            last + 1,
+            "the follower holds the whole log again"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_corrupt_inside_grants_no_vote_and_the_lossy_election_does_not_happen() {
     let mut c = Cluster::start(Kind::Inproc, 3, Durability::Memory, 5).await;

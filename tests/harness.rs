@@ -141,9 +141,13 @@ impl Cluster {
             })
             .collect();
         let mut members = BTreeMap::new();
+        // One ring dir for the cluster, like a host's /dev/shm, but the
+        // test's own: nothing is left in /dev/shm.
+        let ring_dir = tempfile::tempdir().unwrap();
         for (&id, addr) in &addrs {
             let dir = tempfile::tempdir().unwrap();
             let mut config = NodeConfig::new(id, dir.path(), addr.clone());
+            config.ring_dir = ring_dir.path().to_path_buf();
             config.peers = addrs.clone();
             config.durability = durability;
             config.ring_capacity = 4 << 20;
@@ -162,6 +166,7 @@ impl Cluster {
                 },
             );
         }
+        dirs.push(ring_dir);
         let mut cluster = Cluster {
             kind,
             fabric,
@@ -250,6 +255,16 @@ impl Cluster {
     /// The data directory of node `id`.
     pub fn data_dir(&self, id: u64) -> PathBuf {
         self.members[&id].config.data_dir.clone()
+    }
+
+    /// The ring dir of node `id` (the cluster's).
+    pub fn ring_dir(&self, id: u64) -> PathBuf {
+        self.members[&id].config.ring_dir.clone()
+    }
+
+    /// The ring file of node `id`.
+    pub fn ring_path(&self, id: u64) -> PathBuf {
+        ringraft_wal::ring_path(&self.data_dir(id)).unwrap()
     }
 
     /// Ids of running nodes.
@@ -345,11 +360,6 @@ impl Cluster {
 pub mod damage {
     use super::Cluster;
 
-    /// The ring file of node `id`.
-    pub fn ring_path(c: &Cluster, id: u64) -> std::path::PathBuf {
-        c.data_dir(id).join("ring")
-    }
-
     /// Where entry `index` of node `id`'s (stopped) log lies: in its ring (a
     /// byte offset in the ring file) and in its segments (a file and an offset).
     /// The log keeps an entry in one or both.
@@ -359,7 +369,8 @@ pub mod damage {
     }
 
     pub fn place_of(c: &Cluster, id: u64, index: u64) -> Place {
-        let wal = ringraft_wal::Wal::open(&c.data_dir(id), &c.ring_config(id)).unwrap();
+        let wal =
+            ringraft_wal::Wal::open(&c.data_dir(id), &c.ring_dir(id), &c.ring_config(id)).unwrap();
         let ring = wal
             .ring()
             .read(index)
@@ -402,7 +413,7 @@ pub mod damage {
         if let Some(at) = place.ring {
             let f = std::fs::OpenOptions::new()
                 .write(true)
-                .open(ring_path(c, id))
+                .open(c.ring_path(id))
                 .unwrap();
             let capacity = c.members[&id].config.ring_capacity;
             let len = (4096 + capacity - at).min(4096);
@@ -431,7 +442,7 @@ pub mod damage {
             f.write_all_at(&[b[0] ^ 0x10], at + 70).unwrap();
         };
         if let Some(at) = place.ring {
-            flip(&ring_path(c, id), at);
+            flip(&c.ring_path(id), at);
         }
         if let Some((path, at)) = place.segment {
             flip(&path, at);

@@ -139,6 +139,8 @@ pub(crate) struct FlushQueue {
     failed: Option<String>,
     /// The store is gone: the flusher ends.
     stopped: bool,
+    /// The next round flushes whatever the durability (a clean stop).
+    sync_requested: bool,
 }
 
 /// The queue and the flusher's wake-up, shared by the store and the
@@ -218,6 +220,13 @@ impl FlushQueue {
         }
         self.waiters.push_back((number, waiter));
         None
+    }
+
+    /// The next round flushes, in either durability, and counts as a
+    /// change so that a waiter at its number waits for that flush.
+    pub(crate) fn request_sync(&mut self) {
+        self.sync_requested = true;
+        self.changed();
     }
 
     /// The number of the last change made.
@@ -305,7 +314,7 @@ impl<S: SegmentSink> Flusher<S> {
     /// of that number. `None` when the store is gone.
     pub fn step(&mut self) -> Option<Round> {
         let store = self.store.upgrade()?;
-        let (ops, number, copied_to) = {
+        let (ops, number, copied_to, sync_requested) = {
             let wal = store.wal.lock().expect("wal lock");
             let mut q = self.shared.lock();
             if q.failed.is_some() {
@@ -328,7 +337,8 @@ impl<S: SegmentSink> Flusher<S> {
             // the ring's end; else the next round goes on from the cursor.
             let complete = q.cursor >= ring.next_index();
             let number = if complete { q.submitted } else { q.done };
-            (ops, number, last.map(|l| (first, l)))
+            let sync_requested = complete && std::mem::take(&mut q.sync_requested);
+            (ops, number, last.map(|l| (first, l)), sync_requested)
         };
         let entries = copied_to.map_or(0, |(first, last)| last + 1 - first);
         let bytes = self.buf.len() as u64;
@@ -342,8 +352,9 @@ impl<S: SegmentSink> Flusher<S> {
             if !self.buf.is_empty() {
                 self.sink.append(&self.buf)?;
             }
-            let sync =
-                self.durability == Durability::Fsync && (!self.buf.is_empty() || !ops.is_empty());
+            let sync = sync_requested
+                || (self.durability == Durability::Fsync
+                    && (!self.buf.is_empty() || !ops.is_empty()));
             if sync {
                 self.sink.sync()?;
             }

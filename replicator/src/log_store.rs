@@ -339,6 +339,16 @@ impl LogStore {
         rx
     }
 
+    /// Writes everything the ring holds to the segments and flushes them,
+    /// in either durability (a clean stop: the log then survives a reboot).
+    ///
+    /// # Errors
+    /// When the segment log failed or the flusher stopped.
+    pub async fn flush_all(&self) -> io::Result<()> {
+        self.inner.flush.lock().request_sync();
+        self.flushed().await
+    }
+
     /// Waits until the segments reflect every change made so far.
     async fn flushed(&self) -> io::Result<()> {
         let (tx, rx) = tokio::sync::oneshot::channel();

@@ -1,5 +1,12 @@
-//! The file-backed ring: a memory-mapped, preallocated file holding the
-//! control block and the data area (layout in [`crate::layout`]).
+//! The ring: a memory-mapped file holding the control block and the data
+//! area (layout in [`crate::layout`]), its memory reserved when it is
+//! created. The file lives in a shared-memory directory (a tmpfs such as
+//! `/dev/shm`), not in the data directory: [`crate::shm`] names it, binds it
+//! to its data directory and explains why. So the ring, its records and its
+//! control words (fence, head, commit hint, acknowledged watermark) outlive
+//! the process that wrote them, not a reboot; [`crate::Wal::open`] rebuilds
+//! what a reboot took from the durable metadata file. On tmpfs the msyncs
+//! below cost nothing and make nothing durable.
 //!
 //! The ring is the node's log. A leader appends to its own ring with
 //! [`Ring::append`]; a follower's ring is filled by the leader's one-sided
@@ -58,7 +65,9 @@ use crate::validate::{
     ChainTip, Check, Geometry, Invalid, LogPos, validate_header, validate_payload,
 };
 
-/// Name of the ring file in a data directory.
+/// Name of the ring file inside a data directory in the layout before rings
+/// moved to shared memory: [`crate::Wal::open`] moves such a ring into the
+/// ring dir ([`crate::shm`]). Error messages still call the ring "ring".
 pub const RING_FILE: &str = "ring";
 
 /// How a ring is shaped and whose it is.
@@ -270,28 +279,33 @@ impl std::fmt::Debug for Ring {
 }
 
 impl Ring {
-    /// Creates a new ring file at `path` (it must not exist), preallocated,
-    /// with an empty log, a zero fence and incarnation 0. Open it with
-    /// [`Ring::open`].
-    pub fn create(path: &Path, config: &RingConfig) -> Result<()> {
+    /// Creates a new ring file at `path` (it must not exist, and is readable
+    /// by its owner only), its memory reserved up front, with an empty log,
+    /// a zero fence and the given incarnation (0 for a new data directory;
+    /// see [`crate::shm`] for a ring recreated after a reboot). Open it with
+    /// [`Ring::open`]. On error the file is removed.
+    ///
+    /// # Errors
+    /// [`WalError::RingDirFull`] when the ring dir has no room for it.
+    pub fn create(path: &Path, config: &RingConfig, incarnation: u64) -> Result<()> {
         config.geometry()?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(path)
-            .map_err(WalError::io("create", path))?;
+        let file = crate::shm::create_ring_file(path)?;
         let total = CONTROL_BLOCK_BYTES as u64 + config.capacity;
-        preallocate(&file, path, total)?;
         let header = RingHeader {
             capacity: config.capacity,
             cluster_id: config.cluster_id,
             node_id: config.node_id,
-            incarnation: 0,
+            incarnation,
         };
-        file.write_all_at(&header.encode(), 0)
-            .map_err(WalError::io("write header", path))?;
-        file.sync_all().map_err(WalError::io("fsync", path))?;
+        crate::shm::reserve(&file, path, total)
+            .and_then(|()| {
+                file.write_all_at(&header.encode(), 0)
+                    .map_err(WalError::io("write header", path))?;
+                file.sync_all().map_err(WalError::io("fsync", path))
+            })
+            .inspect_err(|_| {
+                let _ = std::fs::remove_file(path);
+            })?;
         sync_dir(path)
     }
 
@@ -308,6 +322,7 @@ impl Ring {
             .write(true)
             .open(path)
             .map_err(WalError::io("open", path))?;
+        crate::shm::hold(&file, path);
         let mut line = [0u8; RING_HEADER_BYTES];
         file.read_exact_at(&mut line, 0)
             .map_err(WalError::io("read header", path))?;
@@ -1167,6 +1182,7 @@ impl Ring {
     pub fn anchor_on(
         &mut self,
         durable_last: Option<LogPos>,
+        durable_lsn_end: u64,
         purged: Option<LogPos>,
         durable_term: impl Fn(u64) -> Option<u64>,
     ) -> Anchoring {
@@ -1181,6 +1197,7 @@ impl Ring {
         }
         let Some(first_slot) = self.slots.front().copied() else {
             self.reset_after(base);
+            self.move_empty_window(durable_lsn_end);
             return Anchoring {
                 flush_from: base.map_or(0, |b| b.index + 1),
                 durable_conflict_after: None,
@@ -1214,6 +1231,7 @@ impl Ring {
                 "the ring's records do not continue the durable log: dropped"
             );
             self.reset_after(base);
+            self.move_empty_window(durable_lsn_end);
             return Anchoring {
                 flush_from: base.map_or(0, |b| b.index + 1),
                 durable_conflict_after: None,
@@ -1243,6 +1261,7 @@ impl Ring {
                     // The segments reach further (the ring's scan stopped
                     // early: damage the segments do not share).
                     self.reset_after(durable_last);
+                    self.move_empty_window(durable_lsn_end);
                 }
                 Anchoring {
                     flush_from: durable_next.max(first),
@@ -1250,6 +1269,22 @@ impl Ring {
                     dropped: 0,
                 }
             }
+        }
+    }
+
+    /// Recovery of an empty ring: its window starts at `lsn` or beyond, so
+    /// that its records continue the segments' lsn order (a ring recreated
+    /// after a reboot starts at lsn 0). Nobody writes into a ring being
+    /// recovered, so `head` may move.
+    fn move_empty_window(&mut self, lsn: u64) {
+        assert!(
+            self.slots.is_empty(),
+            "moving the window of a ring with entries"
+        );
+        if lsn > self.head_lsn && lsn <= MAX_LSN {
+            self.head_lsn = lsn;
+            self.tail_lsn = lsn;
+            self.word(HEAD_OFFSET).store(lsn, Ordering::Release);
         }
     }
 
@@ -1483,23 +1518,10 @@ impl RecordSink for MapSink {
     }
 }
 
-fn preallocate(file: &File, path: &Path, len: u64) -> Result<()> {
-    let len_off = libc::off_t::try_from(len)
-        .map_err(|_| WalError::Config(format!("ring file of {len} bytes is too large")))?;
-    // SAFETY: plain syscall on an open descriptor.
-    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len_off) };
-    if rc != 0 {
-        tracing::warn!(
-            path = %path.display(),
-            error = %std::io::Error::from_raw_os_error(rc),
-            "posix_fallocate failed; the ring file is sparse and a full disk may surface later"
-        );
-        file.set_len(len).map_err(WalError::io("set_len", path))?;
-    }
-    Ok(())
-}
-
 /// Starts the ring from an empty page cache, faulted in page by page.
+///
+/// This matters for a ring file on a disk (a ring dir that is not a tmpfs,
+/// e.g. the wal's own benchmark); on tmpfs both calls do nothing.
 ///
 /// Linux (6.x) caches ext4 files in large folios (up to 2 MiB) when it reads
 /// ahead. A store through the mapping dirties a whole folio, and msync then

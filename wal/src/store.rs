@@ -1,5 +1,11 @@
-//! A node's data directory: the ring file and the metadata file, opened and
-//! kept consistent together.
+//! A node's data directory: the metadata file, and the ring file it names
+//! in the ring dir (shared memory, see [`crate::shm`]), opened and kept
+//! consistent together.
+//!
+//! The data directory holds `meta` and `ring-location`; the ring lives in
+//! the ring dir. A reboot clears the ring and keeps the metadata file: the
+//! next open recreates the ring, empty at the purge point, its fence from
+//! the durable vote ([`Recovery::ring_recreated`]).
 //!
 //! The one ordering rule between the two files lives here: a purge stores
 //! the new purge point in the metadata file (durably) *before* it advances
@@ -17,6 +23,7 @@ use crate::recovery::{Damage, Evidence, ScanReport, Stop};
 use crate::ring::{RING_FILE, Ring, RingConfig};
 use crate::segment::SEGMENT_DIR;
 use crate::segment_log::{SegmentConfig, SegmentLog, SegmentReader};
+use crate::shm;
 use crate::validate::LogPos;
 
 /// What recovery found when the directory was opened.
@@ -24,6 +31,11 @@ use crate::validate::LogPos;
 pub struct Recovery {
     /// True when the directory was empty and a new log was created.
     pub created: bool,
+    /// True when the data directory's ring was gone (shared memory is
+    /// cleared at a reboot) and a new, empty one was made: anchored at the
+    /// metadata file's purge point, its fence rebuilt from the durable vote.
+    /// Entries the lost ring held beyond the purge point are not in it.
+    pub ring_recreated: bool,
     /// The ring's incarnation as of this open.
     pub incarnation: u64,
     /// The fence found.
@@ -47,9 +59,10 @@ pub struct Recovery {
 }
 
 impl Recovery {
-    fn from_scan(created: bool, ring: &Ring, report: &ScanReport) -> Recovery {
+    fn from_scan(created: bool, recreated: bool, ring: &Ring, report: &ScanReport) -> Recovery {
         Recovery {
             created,
+            ring_recreated: recreated,
             incarnation: ring.header().incarnation,
             fence: ring.fence(),
             first_index: ring.first_index(),
@@ -98,22 +111,44 @@ impl std::fmt::Debug for Wal {
 
 impl Wal {
     /// Opens the data directory `dir`, creating it and an empty log when it
-    /// holds neither file, and recovers the log.
+    /// holds neither the metadata file nor a ring, and recovers the log. The
+    /// ring lives in `ring_dir` (a shared-memory directory: `/dev/shm`,
+    /// [`crate::shm::DEFAULT_RING_DIR`], or another tmpfs mount; created if
+    /// missing), under a name bound to this directory ([`crate::shm`]).
+    /// Every open also deletes the rings in `ring_dir` whose data directory
+    /// is gone ([`crate::shm::collect_garbage`]).
+    ///
+    /// A ring that is gone while the metadata file is not (a reboot cleared
+    /// shared memory) is recreated empty at the metadata file's purge point,
+    /// with its fence rebuilt from the durable vote
+    /// ([`Recovery::ring_recreated`]).
     ///
     /// Errors, never defaults: a ring without its metadata file, a file of
-    /// another cluster or node, a corrupt metadata file or ring header.
-    pub fn open(dir: &Path, config: &RingConfig) -> Result<Wal> {
+    /// another cluster or node, a corrupt metadata file or ring header, a
+    /// ring in another ring dir ([`WalError::RingElsewhere`]), a ring dir
+    /// too small for the ring ([`WalError::RingDirFull`]).
+    pub fn open(dir: &Path, ring_dir: &Path, config: &RingConfig) -> Result<Wal> {
         config.geometry()?;
         fs::create_dir_all(dir).map_err(WalError::io("create directory", dir))?;
-        let ring_path = dir.join(RING_FILE);
         let meta_path = dir.join(META_FILE);
-        let mut created = false;
-        match (ring_path.exists(), meta_path.exists()) {
+        // ----- where the ring lives (issue 11, item 1: crate::shm) -----
+        let mut place = shm::find(dir, ring_dir)?;
+        let (mut created, mut recreated) = (false, false);
+        // A ring made where one was lost starts a new generation of
+        // incarnations (crate::shm).
+        let generation = if place.ring_lost() {
+            place.next_generation()?
+        } else {
+            0
+        };
+        match (place.ring_exists(), meta_path.exists()) {
             (false, false) => {
                 // Metadata first: a crash before the ring exists leaves a
                 // pristine metadata file, which the next open completes.
                 Meta::new(config.cluster_id, config.node_id).store(&meta_path)?;
-                Ring::create(&ring_path, config)?;
+                let (path, incarnation) =
+                    place.bind_new(config.cluster_id, config.node_id, generation)?;
+                Ring::create(&path, config, incarnation)?;
                 created = true;
             }
             (true, false) => {
@@ -125,20 +160,32 @@ impl Wal {
             }
             (false, true) => {
                 let meta = Meta::load(&meta_path, config.cluster_id, config.node_id)?;
-                if meta != Meta::new(config.cluster_id, config.node_id) {
+                if meta == Meta::new(config.cluster_id, config.node_id) {
+                    created = true;
+                } else if place.ring_lost() {
+                    recreated = true;
+                } else {
                     return Err(WalError::Incomplete {
                         dir: dir.to_path_buf(),
                         present: META_FILE,
                         missing: RING_FILE,
                     });
                 }
-                Ring::create(&ring_path, config)?;
-                created = true;
+                let (path, incarnation) =
+                    place.bind_new(config.cluster_id, config.node_id, generation)?;
+                Ring::create(&path, config, incarnation)?;
             }
             (true, true) => {}
         }
+        let ring_path = place.ready(config.cluster_id, config.node_id)?;
+        place.remove_leftover();
+        // ----- end of where the ring lives -----
         let meta = Meta::load(&meta_path, config.cluster_id, config.node_id)?;
         let (mut ring, report) = Ring::open(&ring_path, config)?;
+        if recreated {
+            rebuild_fence(&ring, meta.vote)?;
+            ring.sync()?;
+        }
         let acked = ring.acked();
         let segment_config = SegmentConfig {
             max_record_bytes: config.max_record_bytes,
@@ -147,9 +194,12 @@ impl Wal {
         let (mut segments, durable) =
             SegmentLog::open(RealDisk, &dir.join(SEGMENT_DIR), segment_config, None)?;
         let reader = segments.reader();
-        let anchoring = ring.anchor_on(segments.last_log(), meta.purged.map(|p| p.log), |index| {
-            reader.term_of(index)
-        });
+        let anchoring = ring.anchor_on(
+            segments.last_log(),
+            segments.lsn_end(),
+            meta.purged.map(|p| p.log),
+            |index| reader.term_of(index),
+        );
         if let Some(after) = anchoring.durable_conflict_after {
             tracing::info!(
                 dir = %dir.display(),
@@ -158,7 +208,7 @@ impl Wal {
             );
             segments.truncate_after(after)?;
         }
-        let mut recovery = Recovery::from_scan(created, &ring, &report);
+        let mut recovery = Recovery::from_scan(created, recreated, &ring, &report);
         recovery.first_index = first_index(&ring, &reader, meta.purged.map(|p| p.log));
         let log_next = ring.next_index();
         // A break in the ring that the segments cover lost nothing.
@@ -186,6 +236,17 @@ impl Wal {
             }
         };
         recovery.entries = ring.next_index().saturating_sub(recovery.first_index);
+        if recreated {
+            tracing::warn!(
+                dir = %dir.display(),
+                ring = %ring_path.display(),
+                fence = %recovery.fence,
+                first_index = recovery.first_index,
+                last = ?recovery.last,
+                "the ring was gone (a reboot?): recreated empty after the segments' last \
+                 entry, fence rebuilt from the vote"
+            );
+        }
         if recovery.stop.is_some() || durable.stop.is_some() || anchoring.dropped > 0 {
             tracing::info!(
                 dir = %dir.display(),
@@ -197,6 +258,7 @@ impl Wal {
                 "wal recovered"
             );
         }
+        shm::collect_garbage(place.ring_dir());
         Ok(Wal {
             dir: dir.to_path_buf(),
             meta_path,
@@ -395,6 +457,11 @@ impl Wal {
         }
     }
 
+    /// The ring's path (in the ring dir).
+    pub fn ring_path(&self) -> &Path {
+        self.ring.path()
+    }
+
     fn store(&mut self, meta: Meta) -> Result<()> {
         meta.store(&self.meta_path)?;
         self.meta = meta;
@@ -412,4 +479,33 @@ fn first_index(ring: &Ring, reader: &SegmentReader<RealDisk>, purged: Option<Log
         ring.first_index()
     };
     held.max(purged.map_or(0, |p| p.index + 1))
+}
+
+/// The fence of a recreated ring, from the durable vote: the vote's leader's
+/// epoch when the vote is committed (a quorum granted it: that leader holds
+/// the term), else the vote's term with no leader (`term << 16`), which any
+/// leader of that term may raise. Never below the vote's term; the old
+/// fence may have been higher (a leader fenced this node before it saved
+/// that leader's vote), which is safe: the fence only filters writers, and
+/// openraft's vote, which is durable, decides who leads.
+fn rebuild_fence(ring: &Ring, vote: Option<VoteRecord>) -> Result<()> {
+    let Some(vote) = vote else {
+        return Ok(());
+    };
+    let leader = if vote.committed {
+        vote.voted_for.unwrap_or(0)
+    } else {
+        0
+    };
+    let epoch = Epoch::new(vote.term, leader).ok_or_else(|| {
+        WalError::Config(format!(
+            "vote term {} with leader {leader} does not fit an epoch",
+            vote.term
+        ))
+    })?;
+    if epoch > Epoch::ZERO {
+        let found = ring.compare_exchange_fence(Epoch::ZERO, epoch)?;
+        assert_eq!(found, Epoch::ZERO, "a new ring's fence is zero");
+    }
+    Ok(())
 }

@@ -946,25 +946,17 @@ fn wal_check_gives_the_segments_verdicts() {
     let mut torn = data.clone();
     torn[start + 100] ^= 1;
 
-    // The last record torn, but the node acknowledged it: corrupt inside
-    // the acknowledged range (the ring itself is intact).
+    // The last record torn in the segments, acknowledged, but the ring
+    // still holds it: the segments alone show a torn tail (they may end
+    // below the watermark while the ring goes on, in `memory` durability);
+    // the log, ring and segments together, lost nothing. (A break both
+    // share is tests/faults.rs's `a_node_corrupt_inside_...`.)
     let copy = copy_data_dir(dir.path());
     std::fs::write(in_copy(&copy, last), &torn).unwrap();
     let report = ringraft_wal::check(copy.path()).unwrap();
-    assert_eq!(
-        report.segments.as_ref().unwrap().damage,
-        Damage::CorruptInside(Evidence::BelowWatermark {
-            acked: 11,
-            recovered_next_index: 11
-        })
-    );
-    assert_eq!(report.damage, Damage::None, "the ring is intact");
-    assert!(report.corrupt_in_acknowledged_range());
-    assert!(
-        report
-            .to_string()
-            .contains("CORRUPT inside the acknowledged range")
-    );
+    assert_eq!(report.segments.as_ref().unwrap().damage, Damage::TornTail);
+    assert_eq!(report.damage, Damage::None, "the ring holds the record");
+    assert!(!report.corrupt_in_acknowledged_range());
     // Offline: nothing was changed.
     assert_eq!(std::fs::read(in_copy(&copy, last)).unwrap(), torn);
 
