@@ -194,13 +194,13 @@ pub async fn wait_for_leader(
     ready_timeout: Duration,
 ) -> Result<String, LoadError> {
     let deadline = Instant::now() + ready_timeout;
+    let mut last = String::from("no look at the members finished");
     loop {
-        let last = match tokio::time::timeout_at(deadline, look_for_leader(system, endpoints)).await
-        {
+        match tokio::time::timeout_at(deadline, look_for_leader(system, endpoints)).await {
             Ok(Ok(k)) => return Ok(endpoints[k].clone()),
-            Ok(Err(e)) => e,
-            Err(_) => "the last look did not finish".into(),
-        };
+            Ok(Err(e)) => last = e,
+            Err(_) => last += " (then a look was cut short by the bound)",
+        }
         if Instant::now() + PROBE_PERIOD >= deadline {
             return Err(LoadError::NotReady {
                 system,
@@ -387,4 +387,30 @@ pub async fn run(config: &LoadConfig) -> Result<RunResult, LoadError> {
         first_error,
         latency_ns: to_buckets(&latency),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cluster that never answers is reported as not ready, with what
+    /// was seen, instead of hanging or panicking.
+    #[tokio::test]
+    async fn a_cluster_that_never_answers_is_not_ready() {
+        // Nothing listens on port 1 of loopback: every connect is refused.
+        let endpoints = vec!["127.0.0.1:1".to_string()];
+        for system in [System::Etcd, System::Ringraft] {
+            let err = wait_for_leader(system, &endpoints, Duration::from_secs(1))
+                .await
+                .unwrap_err();
+            let LoadError::NotReady {
+                system: s, last, ..
+            } = &err
+            else {
+                panic!("{err}");
+            };
+            assert_eq!(*s, system);
+            assert!(last.contains("127.0.0.1:1"), "{err}");
+        }
+    }
 }
