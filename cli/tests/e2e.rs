@@ -1322,7 +1322,11 @@ fn rings_live_in_the_ring_dir_and_go_with_their_data_dir() {
     // The node answers once its data directory is open (and the sweep ran).
     let deadline = Instant::now() + Duration::from_secs(60);
     while c.status(3).is_none() {
-        assert!(Instant::now() < deadline, "node 3 does not answer: {}", std::fs::read_to_string(c.base.path().join("n3.log")).unwrap_or_default());
+        assert!(
+            Instant::now() < deadline,
+            "node 3 does not answer: {}",
+            std::fs::read_to_string(c.base.path().join("n3.log")).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(!ring2.exists(), "the ring of a removed data dir is swept");

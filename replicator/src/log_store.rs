@@ -11,11 +11,17 @@
 //!   those entries, the store takes the records into the log where they lie,
 //!   without copying them.
 //!
-//! Durability: in `fsync` mode an append is reported flushed (and so
-//! counted by openraft, for the leader's own log as for a follower's
-//! answer) only after msync of the records and of the acknowledged-index
-//! watermark; in `memory` mode the shared mapping survives a killed process
-//! and the watermark is only stored.
+//! The log is the ring (recent entries, in shared memory) plus the segment
+//! log (every entry, on disk): the node's flusher (`crate::flusher`) writes
+//! the ring's records to the segments and gives ring bytes back. Reads below
+//! the ring's first entry come from the segments.
+//!
+//! Durability: `append` puts the entries in the ring and returns. In
+//! `fsync` mode openraft hears that they are flushed (and counts them, for
+//! the leader's own log as for a follower's answer) only once the flusher's
+//! `fdatasync` covers them; in `memory` mode at once (the ring survives a
+//! killed process). No lock is held across I/O: the metadata file is written
+//! outside the wal lock, the segments by the flusher's thread.
 //!
 //! The vote lives in the metadata file. Whenever the term advances, the
 //! store first calls the [`RingGuard`] to revoke every remote write access

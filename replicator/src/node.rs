@@ -100,8 +100,8 @@ pub struct NodeConfig {
     pub heartbeat_ms: u64,
     /// Take a snapshot every this many entries.
     pub snapshot_every_entries: u64,
-    /// Entries kept in the log behind the last snapshot (while the ring
-    /// has room: under pressure the log is purged up to the snapshot).
+    /// Entries kept in the log behind the last snapshot before openraft
+    /// purges it (whole segments below the purge point are deleted).
     pub keep_after_snapshot: u64,
     /// How long a proposal waits for room in a full ring before it is
     /// refused with [`NodeError::Busy`], milliseconds (below the forwarding
