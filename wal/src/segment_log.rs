@@ -194,8 +194,9 @@ pub struct SegmentRecovery {
     pub stop: Option<SegmentStop>,
     /// How the log ended.
     pub damage: Damage,
-    /// What `open` cut off (a torn tail or garbage after a clean end):
-    /// bytes cut from the last kept segment and files removed. Zero for the
+    /// What `open` cut off (a torn tail or garbage after a clean end): the
+    /// bytes after the last kept segment's last record, cleared (the file
+    /// is cut there, then preallocated again with zeroes). Zero for the
     /// offline checker, which changes nothing.
     pub cut_bytes: u64,
     /// Segment files removed by `open`.
@@ -813,7 +814,9 @@ fn recovery_of<F>(
 impl<D: Disk> SegmentLog<D> {
     /// Opens (creating `dir` when missing) the segment log in `dir`,
     /// recovering it (module docs). `acked` is the highest index this node
-    /// acknowledged that the log must still hold, if any.
+    /// acknowledged that the log must still hold, if any (`None` when the
+    /// log was emptied by `truncate_after(None)` since, e.g. for a
+    /// snapshot: an empty log holds no index).
     ///
     /// # Errors
     /// [`WalError::Config`] for a bad configuration;
