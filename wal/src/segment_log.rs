@@ -792,8 +792,9 @@ fn recovery_of<F>(
 ) -> SegmentRecovery {
     let entries: u64 = kept.iter().map(|s| s.segment.offsets.len() as u64).sum();
     let last = kept.last().and_then(|s| {
+        let index = s.tip.next_index.checked_sub(1)?;
         (!s.tip.unanchored).then_some(LogPos {
-            index: s.tip.next_index - 1,
+            index,
             term: s.tip.last_term,
         })
     });
@@ -1485,7 +1486,13 @@ impl<D: Disk> SegmentLog<D> {
                     epoch: header.epoch,
                     unanchored: false,
                 };
-                self.lsn_end = header.lsn + header.record_len();
+                self.lsn_end = header.lsn.checked_add(header.record_len()).ok_or_else(|| {
+                    WalError::Corrupt {
+                        index: last.index,
+                        lsn: header.lsn,
+                        detail: "its lsn and length overflow".to_string(),
+                    }
+                })?;
             }
             None => {
                 self.tip = ChainTip::after(None);
