@@ -52,6 +52,25 @@
 //! the log refuses every write ([`WalError::LogFailed`]): the kernel may
 //! have dropped the pages it could not write.
 //!
+//! # For the caller (the replicator's log store)
+//!
+//! - Append only records after [`SegmentLog::last_log`] (after a restart the
+//!   ring may hold records the segments already have: skip those); a record
+//!   that does not continue the log is a bug and panics.
+//! - A record's lsn must not be below [`SegmentLog::lsn_end`]: a ring that
+//!   is rebuilt (its shared memory lost in a reboot) must continue at or
+//!   beyond it.
+//! - A Raft conflict cuts both: the ring's `truncate_after` and this log's,
+//!   before records of the new leader are appended.
+//! - `sync` in `fsync` durability, before acknowledging; `memory`
+//!   durability may never call it (the page cache writes the segments back).
+//! - Recovery after a crash: writeback order is not write order, so a
+//!   machine crash before a `sync` can leave a later segment on disk and an
+//!   earlier one's tail missing; the scan then sees well-formed records
+//!   beyond the break and says corruption inside, as the ring's scan does
+//!   for its own unflushed writes (liveness: the node waits for a leader to
+//!   re-replicate; nothing acknowledged is affected).
+//!
 //! # An empty log
 //!
 //! A log with no segment (new, or cut by `truncate_after(None)`) takes any
@@ -832,6 +851,10 @@ impl<D: Disk> SegmentLog<D> {
     ) -> Result<(SegmentLog<D>, SegmentRecovery)> {
         config.check()?;
         disk.create_dir_all(dir)?;
+        // The folder's own entry must survive a crash too.
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            disk.sync_dir(parent)?;
+        }
         let scan = scan_dir(
             &disk,
             dir,
