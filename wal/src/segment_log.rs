@@ -568,6 +568,8 @@ struct Scanned<F> {
     segment: Segment<F>,
     tip: ChainTip,
     lsn_end: u64,
+    /// Bytes other than zeroes follow the segment's last record.
+    garbage_after_end: bool,
 }
 
 /// The outcome of scanning a segment directory, before any repair.
@@ -577,6 +579,9 @@ struct DirScan<F> {
     beyond: Vec<(u64, PathBuf)>,
     stop: Option<SegmentStop>,
     damage: Damage,
+    /// The last kept segment must be cut at its end: the break lies in it,
+    /// or bytes other than zeroes follow its last record.
+    cut_last: bool,
 }
 
 /// Lists the segment files of `dir`, in log order.
@@ -621,7 +626,6 @@ fn scan_dir<D: Disk>(
     let mut tip = ChainTip::after(None);
     let mut lsn_end = 0u64;
     let mut stop: Option<(usize, u64, SegmentDefect)> = None;
-    let mut buffers_of_break: Option<Vec<u8>> = None;
     for (k, (name_index, path)) in files.iter().enumerate() {
         let file = disk.open(path, access)?;
         let buf = read_whole(&file)?;
@@ -630,7 +634,6 @@ fn scan_dir<D: Disk>(
             Ok(header) => header,
             Err(fault) => {
                 stop = Some(defect_at(0, SegmentDefect::Header(fault)));
-                buffers_of_break = Some(buf);
                 break;
             }
         };
@@ -655,7 +658,6 @@ fn scan_dir<D: Disk>(
                     header: header.first_index,
                 },
             ));
-            buffers_of_break = Some(buf);
             break;
         }
         if !tip.unanchored
@@ -670,7 +672,6 @@ fn scan_dir<D: Disk>(
                     prev_term: header.prev_term,
                 },
             ));
-            buffers_of_break = Some(buf);
             break;
         }
         let anchored = ChainTip {
@@ -682,6 +683,7 @@ fn scan_dir<D: Disk>(
         let scan = scan_records(&buf, SEGMENT_HEADER_BYTES as u64, anchored, lsn_end);
         let file_len = buf.len() as u64;
         let end_of_data = scan.stop.is_end_of_data();
+        let garbage_after_end = buf[scan.end as usize..].iter().any(|b| *b != 0);
         tip = scan.tip;
         lsn_end = scan.lsn_end;
         kept.push(Scanned {
@@ -696,17 +698,14 @@ fn scan_dir<D: Disk>(
             },
             tip,
             lsn_end,
+            garbage_after_end,
         });
         let is_last = k + 1 == files.len();
-        if !end_of_data {
+        if !end_of_data || (is_last && garbage_after_end) {
+            // A break, or (as the ring's scan reports it) where the data
+            // ends with something other than zeroes after it.
             stop = Some(defect_at(scan.end, scan.stop));
-            buffers_of_break = Some(buf);
             break;
-        }
-        if is_last && buf[scan.end as usize..].iter().any(|b| *b != 0) {
-            // Report where the data ended, as the ring's scan does.
-            stop = Some(defect_at(scan.end, scan.stop));
-            buffers_of_break = Some(buf);
         }
     }
     // kept[i] is files[i]: the files after the last kept one are beyond
@@ -744,26 +743,37 @@ fn scan_dir<D: Disk>(
         offset,
         reason,
     });
+    // Where the log's data ends: in the last kept segment, after its last
+    // record (past the record that breaks there, if one does).
+    let end_of_log = kept.last().map(|last| {
+        let broken_here = stop
+            .as_ref()
+            .is_some_and(|stop| stop.path == last.segment.path && !stop.reason.is_end_of_data());
+        let from = last.segment.end + if broken_here { LINE_BYTES as u64 } else { 0 };
+        (last.segment.path.clone(), from)
+    });
+    let cut_last = kept.last().is_some_and(|last| {
+        last.garbage_after_end
+            || stop
+                .as_ref()
+                .is_some_and(|stop| stop.path == last.segment.path)
+    });
     if damage == Damage::None
         && let Some(stop) = &stop
     {
-        let break_buf = buffers_of_break.as_deref().unwrap_or(&[]);
-        let search_from = if stop.reason.is_end_of_data() || stop.offset == 0 {
-            stop.offset
-        } else {
-            stop.offset + LINE_BYTES as u64
-        };
-        let mut evidence =
-            well_formed_beyond(break_buf, search_from.max(SEGMENT_HEADER_BYTES as u64), tip);
-        if evidence.is_none() {
-            for (_, path) in files.iter().skip_while(|(_, p)| *p != stop.path).skip(1) {
-                let file = disk.open(path, Access::ReadOnly)?;
-                let buf = read_whole(&file)?;
-                evidence = well_formed_beyond(&buf, SEGMENT_HEADER_BYTES as u64, tip);
-                if evidence.is_some() {
-                    break;
-                }
+        // Look for a well-formed record anywhere past the log's end: in the
+        // rest of the last kept segment, then in every file beyond it.
+        let mut evidence = None;
+        if let Some((path, from)) = &end_of_log {
+            let buf = read_whole(&disk.open(path, Access::ReadOnly)?)?;
+            evidence = well_formed_beyond(&buf, *from, tip);
+        }
+        for (_, path) in &beyond {
+            if evidence.is_some() {
+                break;
             }
+            let buf = read_whole(&disk.open(path, Access::ReadOnly)?)?;
+            evidence = well_formed_beyond(&buf, SEGMENT_HEADER_BYTES as u64, tip);
         }
         damage = match evidence {
             Some(beyond) => Damage::CorruptInside(Evidence::WellFormedBeyond {
@@ -780,6 +790,7 @@ fn scan_dir<D: Disk>(
         beyond,
         stop,
         damage,
+        cut_last,
     })
 }
 
@@ -871,11 +882,7 @@ impl<D: Disk> SegmentLog<D> {
         // Files beyond the log, newest first; when the break lies in the
         // last kept segment, cut it at its end.
         let remove: Vec<PathBuf> = scan.beyond.iter().rev().map(|(_, p)| p.clone()).collect();
-        let cut_last = kept.last().is_some_and(|s| {
-            scan.stop
-                .as_ref()
-                .is_some_and(|stop| stop.path == s.segment.path)
-        });
+        let cut_last = scan.cut_last;
         let mut log = SegmentLog {
             disk,
             dir: dir.to_path_buf(),

@@ -386,6 +386,65 @@ fn recovery_epoch(source: &Source, index: u64) -> Epoch {
     epoch(source.entries[index as usize].1)
 }
 
+/// Issue 11, item 2: a hole in a segment (a lost write) whose later
+/// segments were all lost too: the records after the hole in that same
+/// segment are well-formed records beyond the break, so the log is corrupt
+/// inside, as the ring would say, not a clean end (the first version looked
+/// for them only in the files after the break and called it clean).
+#[test]
+fn records_after_a_hole_in_a_segment_whose_successors_were_lost_are_corruption_inside() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, mut source) = written(dir.path(), 8192);
+    for _ in 0..4 {
+        let bytes = source.batch(5, &[300, 300, 300]);
+        log.append(&[&bytes]).unwrap();
+    }
+    log.sync().unwrap();
+    let files = segment_files(dir.path());
+    assert!(files.len() >= 3);
+    // The second-to-last segment: a hole where its second record was.
+    let victim = &files[files.len() - 2];
+    let first =
+        ringraft_wal::segment::parse_segment_name(victim.file_name().unwrap().to_str().unwrap())
+            .unwrap();
+    let hole = log.lsn_of(first + 1).unwrap();
+    let after = log.lsn_of(first + 2).unwrap();
+    drop(log);
+    let mut data = std::fs::read(victim).unwrap();
+    let at = (64..data.len())
+        .step_by(64)
+        .find(|o| data[o + 16..o + 24] == hole.to_le_bytes())
+        .unwrap();
+    let len = (after - hole) as usize;
+    data[at..at + len].fill(0);
+    std::fs::write(victim, &data).unwrap();
+    // The last segment: lost entirely (zeroes).
+    let last = files.last().unwrap();
+    let zeroes = vec![0u8; std::fs::metadata(last).unwrap().len() as usize];
+    std::fs::write(last, zeroes).unwrap();
+    let (mut log, recovery) = open(dir.path(), 8192, None);
+    assert_eq!(
+        recovery.damage,
+        Damage::CorruptInside(Evidence::WellFormedBeyond {
+            lsn: after,
+            index: first + 2,
+            epoch: recovery_epoch(&source, first + 2),
+        }),
+        "{recovery:?}"
+    );
+    assert_eq!(recovery.last.unwrap().index, first);
+    // Going on from the break discards the rest: the next open is clean.
+    let mut replay = Source::after(recovery.last, hole + (1 << 20));
+    let bytes = replay.batch(9, &[10]);
+    log.append(&[&bytes]).unwrap();
+    log.sync().unwrap();
+    drop(log);
+    let (log, recovery) = open(dir.path(), 8192, None);
+    assert_eq!(recovery.damage, Damage::None, "{recovery:?}");
+    assert_eq!(recovery.stop, None, "{recovery:?}");
+    assert_eq!(log.last_log().unwrap().index, first + 1);
+}
+
 #[test]
 fn a_break_below_the_acknowledged_index_is_corruption_inside() {
     let dir = tempfile::tempdir().unwrap();
