@@ -43,9 +43,11 @@
 //! and never flushes; `sync` flushes every segment written since the last
 //! sync (`fdatasync`) and the directory when a segment was created or
 //! removed. `truncate_after` and `remove_before` are durable when they
-//! return. They keep the directory a valid log at every step: later
-//! segments are removed newest first before the boundary one is cut, old
-//! segments oldest first. A new segment is preallocated when it is created
+//! return. They keep the directory a valid log at every step, whatever
+//! order the file system writes directory changes back in: each removal is
+//! made durable (directory fsync) before the next; later segments are
+//! removed newest first before the boundary one is cut, old segments
+//! oldest first. A new segment is preallocated when it is created
 //! (see `wal/BENCH.md`), so an append into it cannot fail for lack of space:
 //! a full disk shows as [`WalError::DiskFull`] when a segment is created,
 //! before anything of the batch is written. After a failed write or flush,
@@ -914,13 +916,8 @@ impl<D: Disk> SegmentLog<D> {
                 discard = Some(Discard { remove, cut_last });
             }
         } else {
-            for path in &remove {
-                log.disk.remove(path)?;
-                removed_files += 1;
-            }
-            if !remove.is_empty() {
-                log.disk.sync_dir(dir)?;
-            }
+            log.remove_files(&remove)?;
+            removed_files = remove.len() as u64;
             if cut_last && let Some(last) = kept.last_mut() {
                 cut_bytes = last.segment.file_len - last.segment.end;
                 log.cut_segment(&mut last.segment)?;
@@ -1108,12 +1105,7 @@ impl<D: Disk> SegmentLog<D> {
         let Some(discard) = self.discard.take() else {
             return Ok(());
         };
-        for path in &discard.remove {
-            self.disk.remove(path)?;
-        }
-        if !discard.remove.is_empty() {
-            self.disk.sync_dir(&self.dir)?;
-        }
+        self.remove_files(&discard.remove)?;
         let last = read_lock(&self.shared)
             .segments
             .back()
@@ -1540,9 +1532,8 @@ impl<D: Disk> SegmentLog<D> {
         removed: &[Segment<D::File>],
         boundary: Option<&(Arc<D::File>, u64, PathBuf)>,
     ) -> Result<()> {
-        for segment in removed {
-            self.disk.remove(&segment.path)?;
-        }
+        let paths: Vec<PathBuf> = removed.iter().map(|s| s.path.clone()).collect();
+        self.remove_files(&paths)?;
         if let Some((file, end, _)) = boundary {
             file.set_len(*end)?;
             if self.config.preallocate {
@@ -1555,7 +1546,17 @@ impl<D: Disk> SegmentLog<D> {
                 last.file_len = len;
             }
         }
-        if !removed.is_empty() {
+        Ok(())
+    }
+
+    /// Removes files one by one, each removal durable before the next: a
+    /// crash leaves a prefix of the removals done, whatever order the file
+    /// system would write directory changes back in, so the directory stays
+    /// a valid log (callers remove newest first when cutting the end,
+    /// oldest first for retention).
+    fn remove_files(&self, paths: &[PathBuf]) -> Result<()> {
+        for path in paths {
+            self.disk.remove(path)?;
             self.disk.sync_dir(&self.dir)?;
         }
         Ok(())
@@ -1582,15 +1583,10 @@ impl<D: Disk> SegmentLog<D> {
         if removed.is_empty() {
             return Ok(first);
         }
-        for segment in &removed {
-            if let Err(err) = self.disk.remove(&segment.path) {
-                self.fail("remove", &segment.path, &err);
-                return Err(err);
-            }
-        }
-        if let Err(err) = self.disk.sync_dir(&self.dir) {
+        let paths: Vec<PathBuf> = removed.iter().map(|s| s.path.clone()).collect();
+        if let Err(err) = self.remove_files(&paths) {
             let dir = self.dir.clone();
-            self.fail("sync directory", &dir, &err);
+            self.fail("remove", &dir, &err);
             return Err(err);
         }
         self.unsynced

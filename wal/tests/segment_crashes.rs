@@ -7,6 +7,11 @@
 //! verdict must never say an acknowledged entry is missing, and nothing
 //! recovered may differ from what was written.
 //!
+//! The crash comes between two operations, or in the middle of one (after
+//! a chosen number of disk calls): the ordering of `truncate_after` and
+//! `remove_before` (newest segments first, oldest first) must leave a valid
+//! log at every step.
+//!
 //! It also shows that the log runs on a disk other than the real one, as
 //! the planned simulator will.
 
@@ -67,14 +72,42 @@ struct State {
 #[derive(Clone, Default)]
 struct MemDisk {
     state: Arc<Mutex<State>>,
+    crash: Arc<Mutex<CrashPlan>>,
+}
+
+/// When to take the crash image: at the `at`-th changing disk call.
+#[derive(Default)]
+struct CrashPlan {
+    calls: u64,
+    at: Option<u64>,
+    seed: u64,
+    image: Option<MemDisk>,
 }
 
 struct MemFile {
     path: PathBuf,
     state: Arc<Mutex<FileState>>,
+    disk: MemDisk,
 }
 
 impl MemDisk {
+    /// Counts a changing disk call; at the planned one, takes the crash
+    /// image of the disk as it is before the call.
+    fn tick(&self) {
+        let mut plan = self.crash.lock().unwrap();
+        plan.calls += 1;
+        if plan.at == Some(plan.calls) && plan.image.is_none() {
+            let seed = plan.seed;
+            drop(plan);
+            let image = self.crash(seed);
+            self.crash.lock().unwrap().image = Some(image);
+        }
+    }
+
+    fn crash_taken(&self) -> bool {
+        self.crash.lock().unwrap().image.is_some()
+    }
+
     /// The disk after a crash: each pending change of each file survives
     /// with probability 1/2 (in order), each unflushed creation or removal
     /// too.
@@ -123,6 +156,7 @@ impl MemDisk {
         }
         MemDisk {
             state: Arc::new(Mutex::new(after)),
+            crash: Arc::default(),
         }
     }
 }
@@ -153,6 +187,7 @@ impl Disk for MemDisk {
     }
 
     fn create_new(&self, path: &Path) -> ringraft_wal::Result<MemFile> {
+        self.tick();
         let mut state = self.state.lock().unwrap();
         assert!(
             !state.files.contains_key(path),
@@ -164,6 +199,7 @@ impl Disk for MemDisk {
         Ok(MemFile {
             path: path.to_path_buf(),
             state: file,
+            disk: self.clone(),
         })
     }
 
@@ -173,10 +209,12 @@ impl Disk for MemDisk {
         Ok(MemFile {
             path: path.to_path_buf(),
             state: Arc::clone(file),
+            disk: self.clone(),
         })
     }
 
     fn remove(&self, path: &Path) -> ringraft_wal::Result<()> {
+        self.tick();
         let mut state = self.state.lock().unwrap();
         let file = state.files.remove(path).ok_or_else(|| not_found(path))?;
         state.removed.insert(path.to_path_buf(), file);
@@ -184,6 +222,7 @@ impl Disk for MemDisk {
     }
 
     fn sync_dir(&self, dir: &Path) -> ringraft_wal::Result<()> {
+        self.tick();
         let mut state = self.state.lock().unwrap();
         let current: Vec<PathBuf> = state.files.keys().cloned().collect();
         state.durable_names.retain(|p| p.parent() != Some(dir));
@@ -205,6 +244,7 @@ impl DiskFile for MemFile {
     }
 
     fn write_at(&self, bufs: &[&[u8]], offset: u64) -> ringraft_wal::Result<()> {
+        self.disk.tick();
         let mut file = self.state.lock().unwrap();
         let change = Change::Write {
             offset,
@@ -224,6 +264,7 @@ impl DiskFile for MemFile {
     }
 
     fn sync_data(&self) -> ringraft_wal::Result<()> {
+        self.disk.tick();
         let mut file = self.state.lock().unwrap();
         file.durable = file.now.clone();
         file.pending.clear();
@@ -231,6 +272,7 @@ impl DiskFile for MemFile {
     }
 
     fn set_len(&self, len: u64) -> ringraft_wal::Result<()> {
+        self.disk.tick();
         let mut file = self.state.lock().unwrap();
         let change = Change::SetLen(len);
         apply(&mut file.now, &change);
@@ -239,6 +281,7 @@ impl DiskFile for MemFile {
     }
 
     fn preallocate(&self, len: u64) -> ringraft_wal::Result<()> {
+        self.disk.tick();
         let mut file = self.state.lock().unwrap();
         if (file.now.len() as u64) < len {
             let change = Change::SetLen(len);
@@ -367,16 +410,22 @@ impl Writer {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
-    /// Issue 11, item 2: after a crash at any point between operations,
-    /// with any subset of the unflushed writes lost, recovery keeps every
-    /// entry the log had made durable, never calls the log broken below
-    /// it, and recovers nothing that was not written.
+    /// Issue 11, item 2: after a crash between operations or in the middle
+    /// of one, with any subset of the unflushed writes lost, recovery keeps
+    /// every entry the log had made durable, never calls the log broken
+    /// below it, and recovers nothing that was not written.
     #[test]
     fn a_crash_keeps_what_was_made_durable(
         ops in prop::collection::vec(op(), 1..30),
         seed in any::<u64>(),
+        crash_at in prop::option::weighted(0.75, 1u64..60),
     ) {
         let disk = MemDisk::default();
+        {
+            let mut plan = disk.crash.lock().unwrap();
+            plan.seed = seed;
+            plan.at = crash_at;
+        }
         let (log, _) = SegmentLog::open(disk.clone(), &dir(), config(), None).unwrap();
         let epoch = Epoch::new(1, 1).unwrap();
         let mut writer = Writer {
@@ -387,14 +436,43 @@ proptest! {
             durable: None,
             first: 0,
         };
+        // What must hold after the crash: (entries that may be recovered,
+        // the highest durable index still retained, the first index that
+        // retention may have left).
+        let mut context = disk.crash_taken().then(|| (Vec::new(), None, 0));
         for op in &ops {
+            if context.is_some() {
+                break;
+            }
+            let (entries, durable, first) = (writer.entries.clone(), writer.durable, writer.first);
             writer.apply(op);
+            if disk.crash_taken() {
+                context = Some(match op {
+                    // Truncated entries may still be there, in their old
+                    // version; those up to `keep` must be.
+                    Op::TruncateAfter(_) => {
+                        let keep = writer.entries.last().map(|e| e.0);
+                        let durable = match (durable, keep) {
+                            (Some(durable), Some(keep)) => Some(durable.min(keep)),
+                            (durable, _) => durable,
+                        };
+                        (entries, durable, first)
+                    }
+                    Op::RemoveBefore(_) => (entries, durable, writer.first),
+                    _ => (writer.entries.clone(), durable, first),
+                });
+            }
         }
-        let crashed = disk.crash(seed);
+        let (expected_entries, durable, retained_from) = match context {
+            Some(context) => context,
+            None => (writer.entries.clone(), writer.durable, writer.first),
+        };
+        let image = disk.crash.lock().unwrap().image.take();
+        let crashed = image.unwrap_or_else(|| disk.crash(seed));
         let after_crash = crashed.clone();
         // What the caller passes: the highest durable index the log must
         // still hold (retention may have removed it).
-        let acked = writer.durable.filter(|d| *d >= writer.first);
+        let acked = durable.filter(|d| *d >= retained_from);
         let (log, recovery) = SegmentLog::open(crashed, &dir(), config(), acked).unwrap();
         prop_assert!(
             !matches!(recovery.damage, Damage::CorruptInside(Evidence::BelowWatermark { .. })),
@@ -405,14 +483,13 @@ proptest! {
         if let Some(durable) = acked {
             // Every retained durable entry is there.
             prop_assert!(
-                first <= writer.first && next > durable,
-                "recovered {first}..{next}; durable up to {durable}, retained from {}",
-                writer.first
+                first <= retained_from && next > durable,
+                "recovered {first}..{next}; durable up to {durable}, retained from {retained_from}"
             );
         }
         for index in first..next {
             let record = reader.read(index).unwrap();
-            let expected = writer.entries.iter().find(|e| e.0 == index);
+            let expected = expected_entries.iter().find(|e| e.0 == index);
             prop_assert!(expected.is_some(), "entry {index} recovered but never in the log");
             let (_, term, payload) = expected.unwrap();
             prop_assert_eq!(record.term, *term);
