@@ -109,8 +109,9 @@ impl MemDisk {
     }
 
     /// The disk after a crash: each pending change of each file survives
-    /// with probability 1/2 (in order), each unflushed creation or removal
-    /// too.
+    /// with probability 1/2 (in order), a write sometimes only in some of
+    /// its 512-byte sectors (a torn write); each unflushed creation or
+    /// removal survives with probability 1/2 too.
     fn crash(&self, seed: u64) -> MemDisk {
         let mut rng = seed | 1;
         let mut coin = move || {
@@ -140,8 +141,23 @@ impl MemDisk {
             let file = file.lock().unwrap();
             let mut data = file.durable.clone();
             for change in &file.pending {
-                if coin() {
-                    apply(&mut data, change);
+                if !coin() {
+                    continue;
+                }
+                match change {
+                    Change::Write { offset, bytes } if coin() && coin() => {
+                        // Torn: some sectors only.
+                        for (k, sector) in bytes.chunks(512).enumerate() {
+                            if coin() {
+                                let torn = Change::Write {
+                                    offset: offset + (k * 512) as u64,
+                                    bytes: sector.to_vec(),
+                                };
+                                apply(&mut data, &torn);
+                            }
+                        }
+                    }
+                    _ => apply(&mut data, change),
                 }
             }
             after.files.insert(
