@@ -1141,9 +1141,10 @@ impl<D: Disk> SegmentLog<D> {
     /// failure; [`WalError::Io`] (the log then refuses further writes).
     ///
     /// # Panics
-    /// When a slice is not a sequence of whole entry records continuing the
-    /// log (index, prev_term, lsn, epoch), or a payload is above
-    /// `max_record_bytes`: the caller's own bug.
+    /// When a slice is not a sequence of whole entry records with good CRCs
+    /// continuing the log (index, prev_term, lsn, epoch), or a payload is
+    /// above `max_record_bytes`: the caller's own bug (or its memory was
+    /// corrupted since it checked the records).
     pub fn append(&mut self, records: &[&[u8]]) -> Result<()> {
         self.check_usable()?;
         self.discard_damage()?;

@@ -1260,3 +1260,30 @@ fn concurrent_reads_see_right_records_or_a_range_error() {
     let first = log.first_index();
     assert_eq!(contents(&log), source.entries[first as usize..].to_vec());
 }
+
+/// A record whose bytes changed since its CRC was computed is never
+/// written: our own memory broke, so the writer stops loudly.
+#[test]
+#[should_panic(expected = "bad CRC")]
+fn appending_a_record_with_a_bad_crc_is_a_bug() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = open(dir.path(), 4096, None);
+    let mut source = Source::new();
+    let mut bytes = source.batch(1, &[100]);
+    bytes[70] ^= 1;
+    let _ = log.append(&[&bytes]);
+}
+
+/// A record that does not continue the log is the caller's bug.
+#[test]
+#[should_panic(expected = "does not continue the segment log")]
+fn appending_a_record_that_does_not_continue_the_log_is_a_bug() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = open(dir.path(), 4096, None);
+    let mut source = Source::new();
+    let first = source.batch(1, &[10]);
+    let _second = source.batch(1, &[10]);
+    let third = source.batch(1, &[10]);
+    log.append(&[&first]).unwrap();
+    let _ = log.append(&[&third]);
+}
