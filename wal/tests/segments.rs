@@ -566,6 +566,8 @@ struct HookDisk {
     writes_fail_half_way: Arc<Mutex<bool>>,
     /// Every write: (file name, offset, bytes).
     writes: Arc<Mutex<Vec<(String, u64, u64)>>>,
+    /// Every flush: a file name, or "dir" for the directory.
+    syncs: Arc<Mutex<Vec<String>>>,
 }
 
 struct HookFile {
@@ -597,6 +599,7 @@ impl Disk for HookDisk {
         RealDisk.remove(path)
     }
     fn sync_dir(&self, dir: &Path) -> ringraft_wal::Result<()> {
+        self.syncs.lock().unwrap().push("dir".to_string());
         RealDisk.sync_dir(dir)
     }
 }
@@ -637,6 +640,13 @@ impl DiskFile for HookFile {
         self.inner.read_at(buf, offset)
     }
     fn sync_data(&self) -> ringraft_wal::Result<()> {
+        self.disk.syncs.lock().unwrap().push(
+            self.path()
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned(),
+        );
         self.inner.sync_data()
     }
     fn set_len(&self, len: u64) -> ringraft_wal::Result<()> {
@@ -849,6 +859,57 @@ fn writes_carry_zeroes_ahead_to_the_next_boundary() {
     let (log, recovery) = SegmentLog::open(RealDisk, dir.path(), cfg, None).unwrap();
     assert_eq!(recovery.damage, Damage::None);
     assert_eq!(recovery.stop, None);
+    assert_eq!(contents(&log), source.entries);
+}
+
+/// One positioned write per segment an append touches; `sync` flushes each
+/// segment written since the last sync once, and the directory only after
+/// a segment was created.
+#[test]
+fn an_append_writes_once_per_segment_and_sync_flushes_what_was_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = HookDisk::default();
+    let (mut log, _) = SegmentLog::open(disk.clone(), dir.path(), config(4096), None).unwrap();
+    let mut source = Source::new();
+    let a = source.batch(1, &[1000, 1000]);
+    log.append(&[&a]).unwrap();
+    disk.writes.lock().unwrap().clear();
+    disk.syncs.lock().unwrap().clear();
+    // Two slices: the first fits the segment (64 + 2 × 1088 + 1088 = 3328),
+    // the second's two records roll to a new segment and then a third.
+    let b = source.batch(1, &[1000]);
+    let c = source.batch(1, &[2500, 2500]);
+    log.append(&[&b, &c]).unwrap();
+    let name = |i: u64| ringraft_wal::segment::segment_name(i);
+    let writes: Vec<(String, u64)> = disk
+        .writes
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(n, o, _)| (n.clone(), *o))
+        .collect();
+    assert_eq!(
+        writes,
+        vec![(name(0), 2240), (name(3), 0), (name(4), 0)],
+        "one write per segment touched"
+    );
+    assert!(
+        disk.syncs.lock().unwrap().is_empty(),
+        "append never flushes"
+    );
+    log.sync().unwrap();
+    let mut syncs = disk.syncs.lock().unwrap().clone();
+    syncs.sort();
+    assert_eq!(syncs, vec![name(0), name(3), name(4), "dir".to_string()]);
+    // Nothing new: nothing to flush.
+    disk.syncs.lock().unwrap().clear();
+    log.sync().unwrap();
+    assert!(disk.syncs.lock().unwrap().is_empty());
+    // An append into the last segment: that segment only, no directory.
+    let d = source.batch(1, &[10]);
+    log.append(&[&d]).unwrap();
+    log.sync().unwrap();
+    assert_eq!(*disk.syncs.lock().unwrap(), vec![name(4)]);
     assert_eq!(contents(&log), source.entries);
 }
 
