@@ -568,6 +568,8 @@ struct HookDisk {
     writes: Arc<Mutex<Vec<(String, u64, u64)>>>,
     /// Every flush: a file name, or "dir" for the directory.
     syncs: Arc<Mutex<Vec<String>>>,
+    /// File flushes fail with EIO.
+    syncs_fail: Arc<Mutex<bool>>,
 }
 
 struct HookFile {
@@ -647,6 +649,14 @@ impl DiskFile for HookFile {
                 .to_string_lossy()
                 .into_owned(),
         );
+        if *self.disk.syncs_fail.lock().unwrap() {
+            return Err(WalError::from_io(
+                "fdatasync",
+                self.path(),
+                0,
+                std::io::Error::from_raw_os_error(5), // EIO
+            ));
+        }
         self.inner.sync_data()
     }
     fn set_len(&self, len: u64) -> ringraft_wal::Result<()> {
@@ -911,6 +921,53 @@ fn an_append_writes_once_per_segment_and_sync_flushes_what_was_written() {
     log.sync().unwrap();
     assert_eq!(*disk.syncs.lock().unwrap(), vec![name(4)]);
     assert_eq!(contents(&log), source.entries);
+}
+
+/// After a failed flush the kernel may have dropped the pages it could not
+/// write: the log refuses every later write and flush, naming the first
+/// failure, even once the disk works again; reads go on.
+#[test]
+fn a_failed_flush_stops_all_writes_and_reads_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = HookDisk::default();
+    let (mut log, _) = SegmentLog::open(disk.clone(), dir.path(), config(4096), None).unwrap();
+    let mut source = Source::new();
+    let a = source.batch(1, &[100]);
+    log.append(&[&a]).unwrap();
+    log.sync().unwrap();
+    let durable = log.durable();
+    let b = source.batch(1, &[100]);
+    log.append(&[&b]).unwrap();
+    *disk.syncs_fail.lock().unwrap() = true;
+    let err = log.sync().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            WalError::Io {
+                op: "fdatasync",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(log.durable(), durable, "nothing more is called durable");
+    *disk.syncs_fail.lock().unwrap() = false;
+    let c = source.batch(1, &[100]);
+    for result in [
+        log.append(&[&c]),
+        log.sync().map(|_| ()),
+        log.truncate_after(Some(0)),
+        log.remove_before(1).map(|_| ()),
+    ] {
+        match result {
+            Err(WalError::LogFailed { op, first, .. }) => {
+                assert_eq!(op, "fdatasync");
+                assert!(first.contains("fdatasync"), "{first}");
+            }
+            other => panic!("expected LogFailed, got {other:?}"),
+        }
+    }
+    assert_eq!(log.reader().read(1).unwrap().payload, source.entries[1].2);
 }
 
 #[test]
