@@ -214,8 +214,9 @@ enum MembersAction {
 
 #[derive(Subcommand)]
 enum WalAction {
-    /// Check a stopped node's ring: valid range, first invalid record and
-    /// why; exit 1 when corruption lies inside what the node acknowledged.
+    /// Check a stopped node's ring and its segment files (`log/`): valid
+    /// range, first invalid record and why; exit 1 when corruption lies
+    /// inside what the node acknowledged.
     Check {
         /// The node's data directory (its ring is found from there).
         #[arg(long)]

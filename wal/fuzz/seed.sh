@@ -5,3 +5,4 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
 cargo run --quiet --example seeds -- "$here/corpus"
+cargo run --quiet --example segment_seeds -- "$here/corpus/segments"

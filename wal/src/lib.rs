@@ -11,8 +11,8 @@
 //! - [`layout`]: the control block's offsets and static header, [`Epoch`];
 //! - [`record`]: record header, CRC, wrap markers, the [`RecordEncoder`] and
 //!   the [`WriteBuffer`] a leader WRITEs from;
-//! - [`validate`]: pure chain-rule checks in their two contexts,
-//!   [`Check::Adoption`] and [`Check::Recovery`];
+//! - [`validate`]: pure chain-rule checks in their contexts,
+//!   [`Check::Adoption`], [`Check::Recovery`] and [`Check::Segment`];
 //! - [`recovery`]: the pure recovery scan and the torn-tail /
 //!   corrupt-inside verdict;
 //! - [`ring`]: the memory-mapped ring file ([`Ring`]);

@@ -43,14 +43,35 @@
 //! and never flushes; `sync` flushes every segment written since the last
 //! sync (`fdatasync`) and the directory when a segment was created or
 //! removed. `truncate_after` and `remove_before` are durable when they
-//! return. They keep the directory a valid log at every step: later
-//! segments are removed newest first before the boundary one is cut, old
-//! segments oldest first. A new segment is preallocated when it is created
+//! return. They keep the directory a valid log at every step, whatever
+//! order the file system writes directory changes back in: each removal is
+//! made durable (directory fsync) before the next; later segments are
+//! removed newest first before the boundary one is cut, old segments
+//! oldest first. A new segment is preallocated when it is created
 //! (see `wal/BENCH.md`), so an append into it cannot fail for lack of space:
 //! a full disk shows as [`WalError::DiskFull`] when a segment is created,
 //! before anything of the batch is written. After a failed write or flush,
 //! the log refuses every write ([`WalError::LogFailed`]): the kernel may
 //! have dropped the pages it could not write.
+//!
+//! # For the caller (the replicator's log store)
+//!
+//! - Append only records after [`SegmentLog::last_log`] (after a restart the
+//!   ring may hold records the segments already have: skip those); a record
+//!   that does not continue the log is a bug and panics.
+//! - A record's lsn must not be below [`SegmentLog::lsn_end`]: a ring that
+//!   is rebuilt (its shared memory lost in a reboot) must continue at or
+//!   beyond it.
+//! - A Raft conflict cuts both: the ring's `truncate_after` and this log's,
+//!   before records of the new leader are appended.
+//! - `sync` in `fsync` durability, before acknowledging; `memory`
+//!   durability may never call it (the page cache writes the segments back).
+//! - Recovery after a crash: writeback order is not write order, so a
+//!   machine crash before a `sync` can leave a later segment on disk and an
+//!   earlier one's tail missing; the scan then sees well-formed records
+//!   beyond the break and says corruption inside, as the ring's scan does
+//!   for its own unflushed writes (liveness: the node waits for a leader to
+//!   re-replicate; nothing acknowledged is affected).
 //!
 //! # An empty log
 //!
@@ -194,8 +215,9 @@ pub struct SegmentRecovery {
     pub stop: Option<SegmentStop>,
     /// How the log ended.
     pub damage: Damage,
-    /// What `open` cut off (a torn tail or garbage after a clean end):
-    /// bytes cut from the last kept segment and files removed. Zero for the
+    /// What `open` cut off (a torn tail or garbage after a clean end): the
+    /// bytes after the last kept segment's last record, cleared (the file
+    /// is cut there, then preallocated again with zeroes). Zero for the
     /// offline checker, which changes nothing.
     pub cut_bytes: u64,
     /// Segment files removed by `open`.
@@ -548,6 +570,8 @@ struct Scanned<F> {
     segment: Segment<F>,
     tip: ChainTip,
     lsn_end: u64,
+    /// Bytes other than zeroes follow the segment's last record.
+    garbage_after_end: bool,
 }
 
 /// The outcome of scanning a segment directory, before any repair.
@@ -557,6 +581,9 @@ struct DirScan<F> {
     beyond: Vec<(u64, PathBuf)>,
     stop: Option<SegmentStop>,
     damage: Damage,
+    /// The last kept segment must be cut at its end: the break lies in it,
+    /// or bytes other than zeroes follow its last record.
+    cut_last: bool,
 }
 
 /// Lists the segment files of `dir`, in log order.
@@ -601,7 +628,6 @@ fn scan_dir<D: Disk>(
     let mut tip = ChainTip::after(None);
     let mut lsn_end = 0u64;
     let mut stop: Option<(usize, u64, SegmentDefect)> = None;
-    let mut buffers_of_break: Option<Vec<u8>> = None;
     for (k, (name_index, path)) in files.iter().enumerate() {
         let file = disk.open(path, access)?;
         let buf = read_whole(&file)?;
@@ -610,7 +636,6 @@ fn scan_dir<D: Disk>(
             Ok(header) => header,
             Err(fault) => {
                 stop = Some(defect_at(0, SegmentDefect::Header(fault)));
-                buffers_of_break = Some(buf);
                 break;
             }
         };
@@ -635,7 +660,6 @@ fn scan_dir<D: Disk>(
                     header: header.first_index,
                 },
             ));
-            buffers_of_break = Some(buf);
             break;
         }
         if !tip.unanchored
@@ -650,7 +674,6 @@ fn scan_dir<D: Disk>(
                     prev_term: header.prev_term,
                 },
             ));
-            buffers_of_break = Some(buf);
             break;
         }
         let anchored = ChainTip {
@@ -662,6 +685,7 @@ fn scan_dir<D: Disk>(
         let scan = scan_records(&buf, SEGMENT_HEADER_BYTES as u64, anchored, lsn_end);
         let file_len = buf.len() as u64;
         let end_of_data = scan.stop.is_end_of_data();
+        let garbage_after_end = buf[scan.end as usize..].iter().any(|b| *b != 0);
         tip = scan.tip;
         lsn_end = scan.lsn_end;
         kept.push(Scanned {
@@ -676,17 +700,14 @@ fn scan_dir<D: Disk>(
             },
             tip,
             lsn_end,
+            garbage_after_end,
         });
         let is_last = k + 1 == files.len();
-        if !end_of_data {
+        if !end_of_data || (is_last && garbage_after_end) {
+            // A break, or (as the ring's scan reports it) where the data
+            // ends with something other than zeroes after it.
             stop = Some(defect_at(scan.end, scan.stop));
-            buffers_of_break = Some(buf);
             break;
-        }
-        if is_last && buf[scan.end as usize..].iter().any(|b| *b != 0) {
-            // Report where the data ended, as the ring's scan does.
-            stop = Some(defect_at(scan.end, scan.stop));
-            buffers_of_break = Some(buf);
         }
     }
     // kept[i] is files[i]: the files after the last kept one are beyond
@@ -724,26 +745,37 @@ fn scan_dir<D: Disk>(
         offset,
         reason,
     });
+    // Where the log's data ends: in the last kept segment, after its last
+    // record (past the record that breaks there, if one does).
+    let end_of_log = kept.last().map(|last| {
+        let broken_here = stop
+            .as_ref()
+            .is_some_and(|stop| stop.path == last.segment.path && !stop.reason.is_end_of_data());
+        let from = last.segment.end + if broken_here { LINE_BYTES as u64 } else { 0 };
+        (last.segment.path.clone(), from)
+    });
+    let cut_last = kept.last().is_some_and(|last| {
+        last.garbage_after_end
+            || stop
+                .as_ref()
+                .is_some_and(|stop| stop.path == last.segment.path)
+    });
     if damage == Damage::None
         && let Some(stop) = &stop
     {
-        let break_buf = buffers_of_break.as_deref().unwrap_or(&[]);
-        let search_from = if stop.reason.is_end_of_data() || stop.offset == 0 {
-            stop.offset
-        } else {
-            stop.offset + LINE_BYTES as u64
-        };
-        let mut evidence =
-            well_formed_beyond(break_buf, search_from.max(SEGMENT_HEADER_BYTES as u64), tip);
-        if evidence.is_none() {
-            for (_, path) in files.iter().skip_while(|(_, p)| *p != stop.path).skip(1) {
-                let file = disk.open(path, Access::ReadOnly)?;
-                let buf = read_whole(&file)?;
-                evidence = well_formed_beyond(&buf, SEGMENT_HEADER_BYTES as u64, tip);
-                if evidence.is_some() {
-                    break;
-                }
+        // Look for a well-formed record anywhere past the log's end: in the
+        // rest of the last kept segment, then in every file beyond it.
+        let mut evidence = None;
+        if let Some((path, from)) = &end_of_log {
+            let buf = read_whole(&disk.open(path, Access::ReadOnly)?)?;
+            evidence = well_formed_beyond(&buf, *from, tip);
+        }
+        for (_, path) in &beyond {
+            if evidence.is_some() {
+                break;
             }
+            let buf = read_whole(&disk.open(path, Access::ReadOnly)?)?;
+            evidence = well_formed_beyond(&buf, SEGMENT_HEADER_BYTES as u64, tip);
         }
         damage = match evidence {
             Some(beyond) => Damage::CorruptInside(Evidence::WellFormedBeyond {
@@ -760,6 +792,7 @@ fn scan_dir<D: Disk>(
         beyond,
         stop,
         damage,
+        cut_last,
     })
 }
 
@@ -791,8 +824,9 @@ fn recovery_of<F>(
 ) -> SegmentRecovery {
     let entries: u64 = kept.iter().map(|s| s.segment.offsets.len() as u64).sum();
     let last = kept.last().and_then(|s| {
+        let index = s.tip.next_index.checked_sub(1)?;
         (!s.tip.unanchored).then_some(LogPos {
-            index: s.tip.next_index - 1,
+            index,
             term: s.tip.last_term,
         })
     });
@@ -813,7 +847,9 @@ fn recovery_of<F>(
 impl<D: Disk> SegmentLog<D> {
     /// Opens (creating `dir` when missing) the segment log in `dir`,
     /// recovering it (module docs). `acked` is the highest index this node
-    /// acknowledged that the log must still hold, if any.
+    /// acknowledged that the log must still hold, if any (`None` when the
+    /// log was emptied by `truncate_after(None)` since, e.g. for a
+    /// snapshot: an empty log holds no index).
     ///
     /// # Errors
     /// [`WalError::Config`] for a bad configuration;
@@ -828,6 +864,10 @@ impl<D: Disk> SegmentLog<D> {
     ) -> Result<(SegmentLog<D>, SegmentRecovery)> {
         config.check()?;
         disk.create_dir_all(dir)?;
+        // The folder's own entry must survive a crash too.
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            disk.sync_dir(parent)?;
+        }
         let scan = scan_dir(
             &disk,
             dir,
@@ -844,11 +884,7 @@ impl<D: Disk> SegmentLog<D> {
         // Files beyond the log, newest first; when the break lies in the
         // last kept segment, cut it at its end.
         let remove: Vec<PathBuf> = scan.beyond.iter().rev().map(|(_, p)| p.clone()).collect();
-        let cut_last = kept.last().is_some_and(|s| {
-            scan.stop
-                .as_ref()
-                .is_some_and(|stop| stop.path == s.segment.path)
-        });
+        let cut_last = scan.cut_last;
         let mut log = SegmentLog {
             disk,
             dir: dir.to_path_buf(),
@@ -880,13 +916,8 @@ impl<D: Disk> SegmentLog<D> {
                 discard = Some(Discard { remove, cut_last });
             }
         } else {
-            for path in &remove {
-                log.disk.remove(path)?;
-                removed_files += 1;
-            }
-            if !remove.is_empty() {
-                log.disk.sync_dir(dir)?;
-            }
+            log.remove_files(&remove)?;
+            removed_files = remove.len() as u64;
             if cut_last && let Some(last) = kept.last_mut() {
                 cut_bytes = last.segment.file_len - last.segment.end;
                 log.cut_segment(&mut last.segment)?;
@@ -1074,12 +1105,7 @@ impl<D: Disk> SegmentLog<D> {
         let Some(discard) = self.discard.take() else {
             return Ok(());
         };
-        for path in &discard.remove {
-            self.disk.remove(path)?;
-        }
-        if !discard.remove.is_empty() {
-            self.disk.sync_dir(&self.dir)?;
-        }
+        self.remove_files(&discard.remove)?;
         let last = read_lock(&self.shared)
             .segments
             .back()
@@ -1115,9 +1141,10 @@ impl<D: Disk> SegmentLog<D> {
     /// failure; [`WalError::Io`] (the log then refuses further writes).
     ///
     /// # Panics
-    /// When a slice is not a sequence of whole entry records continuing the
-    /// log (index, prev_term, lsn, epoch), or a payload is above
-    /// `max_record_bytes`: the caller's own bug.
+    /// When a slice is not a sequence of whole entry records with good CRCs
+    /// continuing the log (index, prev_term, lsn, epoch), or a payload is
+    /// above `max_record_bytes`: the caller's own bug (or its memory was
+    /// corrupted since it checked the records).
     pub fn append(&mut self, records: &[&[u8]]) -> Result<()> {
         self.check_usable()?;
         self.discard_damage()?;
@@ -1482,7 +1509,13 @@ impl<D: Disk> SegmentLog<D> {
                     epoch: header.epoch,
                     unanchored: false,
                 };
-                self.lsn_end = header.lsn + header.record_len();
+                self.lsn_end = header.lsn.checked_add(header.record_len()).ok_or_else(|| {
+                    WalError::Corrupt {
+                        index: last.index,
+                        lsn: header.lsn,
+                        detail: "its lsn and length overflow".to_string(),
+                    }
+                })?;
             }
             None => {
                 self.tip = ChainTip::after(None);
@@ -1500,9 +1533,8 @@ impl<D: Disk> SegmentLog<D> {
         removed: &[Segment<D::File>],
         boundary: Option<&(Arc<D::File>, u64, PathBuf)>,
     ) -> Result<()> {
-        for segment in removed {
-            self.disk.remove(&segment.path)?;
-        }
+        let paths: Vec<PathBuf> = removed.iter().map(|s| s.path.clone()).collect();
+        self.remove_files(&paths)?;
         if let Some((file, end, _)) = boundary {
             file.set_len(*end)?;
             if self.config.preallocate {
@@ -1515,7 +1547,17 @@ impl<D: Disk> SegmentLog<D> {
                 last.file_len = len;
             }
         }
-        if !removed.is_empty() {
+        Ok(())
+    }
+
+    /// Removes files one by one, each removal durable before the next: a
+    /// crash leaves a prefix of the removals done, whatever order the file
+    /// system would write directory changes back in, so the directory stays
+    /// a valid log (callers remove newest first when cutting the end,
+    /// oldest first for retention).
+    fn remove_files(&self, paths: &[PathBuf]) -> Result<()> {
+        for path in paths {
+            self.disk.remove(path)?;
             self.disk.sync_dir(&self.dir)?;
         }
         Ok(())
@@ -1542,15 +1584,10 @@ impl<D: Disk> SegmentLog<D> {
         if removed.is_empty() {
             return Ok(first);
         }
-        for segment in &removed {
-            if let Err(err) = self.disk.remove(&segment.path) {
-                self.fail("remove", &segment.path, &err);
-                return Err(err);
-            }
-        }
-        if let Err(err) = self.disk.sync_dir(&self.dir) {
+        let paths: Vec<PathBuf> = removed.iter().map(|s| s.path.clone()).collect();
+        if let Err(err) = self.remove_files(&paths) {
             let dir = self.dir.clone();
-            self.fail("sync directory", &dir, &err);
+            self.fail("remove", &dir, &err);
             return Err(err);
         }
         self.unsynced

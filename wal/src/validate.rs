@@ -13,6 +13,9 @@
 //!   fence is rejected);
 //! - [`Check::Recovery`]: after a crash, the epoch must not be *above* the
 //!   fence; valid records of older epochs are kept.
+//! - [`Check::Segment`]: a record of a segment file, where no fence is
+//!   known: only the epoch rules along the chain (the segment scanner in
+//!   [`crate::segment`] applies its own lsn rule).
 //!
 //! The follower's adopt path, crash recovery and the offline checker all call
 //! [`validate_header`] and [`validate_payload`] (or [`validate_at`], which
