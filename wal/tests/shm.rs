@@ -45,7 +45,11 @@ fn the_ring_lives_in_the_ring_dir_not_in_the_data_dir() {
         name.starts_with("ringraft-c0ffee-1-") && name.ends_with(".ring") && name.len() == 39,
         "{name}"
     );
-    assert_eq!(files_in(dir.path()), [META_FILE, LOCATION_FILE]);
+    assert_eq!(
+        files_in(dir.path()),
+        [ringraft_wal::segment::SEGMENT_DIR, META_FILE, LOCATION_FILE],
+        "the metadata file, the segment log and the ring's location: no ring"
+    );
     let owner = name.replace(".ring", ".owner");
     assert_eq!(files_in(&ring_dir_of(dir.path())), [owner, name]);
     let mode = std::fs::metadata(&ring).unwrap().permissions().mode();
@@ -387,7 +391,11 @@ fn an_old_layout_ring_is_moved_into_the_ring_dir() {
         wal.ring_path()
             .starts_with(canonical(&ring_dir_of(dir.path())))
     );
-    assert_eq!(files_in(dir.path()), [META_FILE, LOCATION_FILE]);
+    assert_eq!(
+        files_in(dir.path()),
+        [ringraft_wal::segment::SEGMENT_DIR, META_FILE, LOCATION_FILE],
+        "the metadata file, the segment log and the ring's location: no ring"
+    );
 }
 
 /// Unmounts a tmpfs when dropped.
