@@ -42,6 +42,9 @@ pub struct CheckReport {
     pub dir: PathBuf,
     /// Its ring file (in the ring dir, see [`crate::shm`]).
     pub ring: PathBuf,
+    /// False when the ring is gone (a reboot cleared shared memory): the
+    /// log is then the segments alone, and the ring's fields are empty.
+    pub ring_present: bool,
     /// The ring's static header.
     pub header: RingHeader,
     /// The metadata file.
@@ -114,6 +117,17 @@ impl fmt::Display for CheckReport {
         let h = &self.header;
         writeln!(f, "data dir      {}", self.dir.display())?;
         writeln!(f, "ring file     {}", self.ring.display())?;
+        if !self.ring_present {
+            writeln!(
+                f,
+                "ring          GONE (shared memory was cleared: a reboot?): the log is the \
+                 segments; the node recreates the ring when it starts"
+            )?;
+            if let Some(segments) = &self.segments {
+                write!(f, "{}", SegmentsDisplay(segments))?;
+            }
+            return Ok(());
+        }
         writeln!(
             f,
             "ring          cluster {:#x}, node {}, capacity {} bytes, incarnation {}",
@@ -225,9 +239,50 @@ pub fn check(dir: &Path) -> Result<CheckReport> {
     let ring_path = crate::shm::ring_path(dir)?;
     let file = match File::open(&ring_path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(WalError::RingGone {
+            let segment_dir = dir.join(SEGMENT_DIR);
+            if !segment_dir.is_dir() {
+                return Err(WalError::RingGone {
+                    dir: dir.to_path_buf(),
+                    ring: ring_path,
+                });
+            }
+            // After a reboot: the segments are the log.
+            let segments = check_segments(
+                &crate::disk::RealDisk,
+                &segment_dir,
+                meta.cluster_id,
+                meta.node_id,
+                None,
+            )?;
+            let purged = meta.purged.map(|p| p.log);
+            let last = match (segments.last, purged) {
+                (Some(d), Some(p)) if p.index > d.index => Some(p),
+                (Some(d), _) => Some(d),
+                (None, p) => p,
+            };
+            return Ok(CheckReport {
                 dir: dir.to_path_buf(),
                 ring: ring_path,
+                ring_present: false,
+                header: RingHeader {
+                    capacity: 0,
+                    cluster_id: meta.cluster_id,
+                    node_id: meta.node_id,
+                    incarnation: 0,
+                },
+                fence: Epoch::ZERO,
+                head_word: 0,
+                commit_hint: None,
+                acked: None,
+                start_lsn: 0,
+                first_index: segments.first_index.max(purged.map_or(0, |p| p.index + 1)),
+                last,
+                entries: 0,
+                end_lsn: 0,
+                stop: None,
+                damage: Damage::None,
+                segments: Some(segments),
+                meta,
             });
         }
         opened => opened.map_err(WalError::io("open", &ring_path))?,
@@ -345,6 +400,7 @@ pub fn check(dir: &Path) -> Result<CheckReport> {
     Ok(CheckReport {
         dir: dir.to_path_buf(),
         ring: ring_path,
+        ring_present: true,
         header,
         meta,
         fence,

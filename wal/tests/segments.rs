@@ -1397,3 +1397,26 @@ fn appending_a_record_that_does_not_continue_the_log_is_a_bug() {
     log.append(&[&first]).unwrap();
     let _ = log.append(&[&third]);
 }
+
+/// Issue 11, items 1 and 2: after a reboot the ring (shared memory) is gone
+/// and the segments are the log: `wal check` checks them and says so,
+/// instead of refusing the directory.
+#[test]
+fn wal_check_after_a_reboot_checks_the_segments_alone() {
+    let (dir, source) = data_dir_with_segments(12, Some(11));
+    let ring = ringraft_wal::ring_path(dir.path()).unwrap();
+    std::fs::remove_file(&ring).unwrap();
+    let report = ringraft_wal::check(dir.path()).unwrap();
+    assert!(!report.ring_present);
+    let segments = report.segments.clone().expect("a log/ folder");
+    assert_eq!(segments.entries, source.entries.len() as u64);
+    assert_eq!(report.last, Some(LogPos { index: 11, term: 1 }));
+    assert_eq!(segments.damage, Damage::None);
+    assert!(!report.corrupt_in_acknowledged_range());
+    let text = report.to_string();
+    assert!(text.contains("GONE"), "{text}");
+    assert!(
+        text.contains("index 0..=11 (12 entries, last term 1)"),
+        "{text}"
+    );
+}
