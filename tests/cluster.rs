@@ -262,7 +262,8 @@ async fn a_node_of_another_cluster_is_refused() {
     // Same secret, same fabric, another cluster id: it campaigns at our
     // nodes, which refuse it at the handshake.
     let dir = tempfile::tempdir().unwrap();
-    let mut config = NodeConfig::new(9, dir.path(), "intruder");
+    let mut config = NodeConfig::new(9, dir.path().join("data"), "intruder");
+    config.ring_dir = dir.path().join("shm");
     config.cluster_id = 0xBAD;
     config.lock_memory = false;
     config.ring_capacity = 4 << 20;

@@ -29,7 +29,9 @@ const CLUSTER_ID: u64 = 0x5249_4e47;
 /// started (the test plays them).
 async fn start_node(fabric: &inproc::Fabric, dir: &std::path::Path, hooks: Hooks) -> Node {
     ringraft_tests::init_tracing();
-    let mut config = NodeConfig::new(2, dir, "node2");
+    let mut config = NodeConfig::new(2, dir.join("data"), "node2");
+    // The ring in the test's directory, not in /dev/shm.
+    config.ring_dir = dir.join("shm");
     config.peers = [
         (1, "node1".to_string()),
         (2, "node2".to_string()),
@@ -335,7 +337,8 @@ async fn raising_its_own_fence_revokes_the_old_holders_write_access() {
     };
     let device = fabric.device("node2", config);
     let wal = Wal::open(
-        dir.path(),
+        &dir.path().join("data"),
+        &dir.path().join("shm"),
         &RingConfig {
             capacity: 1 << 20,
             max_record_bytes: 64 << 10,

@@ -141,9 +141,13 @@ impl Cluster {
             })
             .collect();
         let mut members = BTreeMap::new();
+        // One ring dir for the cluster, like a host's /dev/shm, but the
+        // test's own: nothing is left in /dev/shm.
+        let ring_dir = tempfile::tempdir().unwrap();
         for (&id, addr) in &addrs {
             let dir = tempfile::tempdir().unwrap();
             let mut config = NodeConfig::new(id, dir.path(), addr.clone());
+            config.ring_dir = ring_dir.path().to_path_buf();
             config.peers = addrs.clone();
             config.durability = durability;
             config.ring_capacity = 4 << 20;
@@ -162,6 +166,7 @@ impl Cluster {
                 },
             );
         }
+        dirs.push(ring_dir);
         let mut cluster = Cluster {
             kind,
             fabric,
@@ -237,6 +242,16 @@ impl Cluster {
     /// The data directory of node `id`.
     pub fn data_dir(&self, id: u64) -> PathBuf {
         self.members[&id].config.data_dir.clone()
+    }
+
+    /// The ring dir of node `id` (the cluster's).
+    pub fn ring_dir(&self, id: u64) -> PathBuf {
+        self.members[&id].config.ring_dir.clone()
+    }
+
+    /// The ring file of node `id`.
+    pub fn ring_path(&self, id: u64) -> PathBuf {
+        ringraft_wal::ring_path(&self.data_dir(id)).unwrap()
     }
 
     /// Ids of running nodes.

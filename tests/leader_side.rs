@@ -396,7 +396,7 @@ async fn a_node_whose_log_is_corrupt_inside_refuses_a_leadership_transfer() {
         lock_memory: false,
     };
     let lsn = {
-        let wal = ringraft_wal::Wal::open(&cfg.data_dir, &ring_config).unwrap();
+        let wal = ringraft_wal::Wal::open(&cfg.data_dir, &cfg.ring_dir, &ring_config).unwrap();
         wal.ring().read(last - 10).unwrap().lsn
     };
     {
@@ -404,7 +404,7 @@ async fn a_node_whose_log_is_corrupt_inside_refuses_a_leadership_transfer() {
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .open(cfg.data_dir.join("ring"))
+            .open(ringraft_wal::ring_path(&cfg.data_dir).unwrap())
             .unwrap();
         let at = 4096 + lsn % cfg.ring_capacity + 70;
         let mut byte = [0u8];

@@ -14,9 +14,13 @@ pub struct ServeArgs {
     /// This node's id (1..=65535).
     #[arg(long)]
     pub id: Option<u64>,
-    /// Data directory (ring, metadata file, snapshot).
+    /// Data directory (metadata file, snapshot, the ring's name).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Shared-memory directory the ring lives in (a tmpfs mount; default
+    /// /dev/shm).
+    #[arg(long)]
+    pub ring_dir: Option<PathBuf>,
     /// Control-plane and fabric address (host:port).
     #[arg(long)]
     pub listen: Option<String>,
@@ -74,6 +78,7 @@ pub struct ServeArgs {
 struct FileConfig {
     id: Option<u64>,
     data_dir: Option<PathBuf>,
+    ring_dir: Option<PathBuf>,
     listen: Option<String>,
     client: Option<String>,
     peers: Option<String>,
@@ -111,6 +116,7 @@ pub enum FabricChoice {
 pub struct Config {
     pub id: u64,
     pub data_dir: PathBuf,
+    pub ring_dir: PathBuf,
     pub listen: String,
     pub client: String,
     pub peers: BTreeMap<u64, String>,
@@ -173,6 +179,13 @@ impl ServeArgs {
             .data_dir
             .or(file.data_dir)
             .ok_or("--data-dir is required")?;
+        let ring_dir = self
+            .ring_dir
+            .or(file.ring_dir)
+            .unwrap_or_else(|| PathBuf::from(ringraft_wal::DEFAULT_RING_DIR));
+        if ring_dir.as_os_str().is_empty() {
+            return Err("--ring-dir must not be empty".into());
+        }
         let listen = self.listen.or(file.listen).ok_or("--listen is required")?;
         let client = self.client.or(file.client).ok_or("--client is required")?;
         let peers = parse_peers(&self.peers.or(file.peers).ok_or("--peers is required")?)?;
@@ -263,6 +276,7 @@ impl ServeArgs {
         Ok(Config {
             id,
             data_dir,
+            ring_dir,
             listen,
             client,
             peers,
@@ -284,6 +298,8 @@ impl ServeArgs {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     fn base() -> ServeArgs {
@@ -316,6 +332,7 @@ mod tests {
     fn flags_resolve_and_bad_values_are_errors() {
         let c = base().resolve().unwrap();
         assert_eq!(c.peers.len(), 2);
+        assert_eq!(c.ring_dir, Path::new("/dev/shm"), "the default ring dir");
         assert_eq!(c.fabric, FabricChoice::Auto);
         for (field, bad) in [
             (
@@ -371,7 +388,7 @@ mod tests {
         let path = dir.path().join("n.toml");
         std::fs::write(
             &path,
-            "id = 2\ndata_dir = \"/tmp/n2\"\nlisten = \"127.0.0.1:7002\"\nclient = \"127.0.0.1:8002\"\npeers = \"1=127.0.0.1:7001,2=127.0.0.1:7002\"\ndurability = \"fsync\"\n",
+            "id = 2\ndata_dir = \"/tmp/n2\"\nlisten = \"127.0.0.1:7002\"\nclient = \"127.0.0.1:8002\"\npeers = \"1=127.0.0.1:7001,2=127.0.0.1:7002\"\ndurability = \"fsync\"\nring_dir = \"/mnt/ring-tmpfs\"\n",
         )
         .unwrap();
         let c = ServeArgs {
@@ -383,6 +400,11 @@ mod tests {
         .unwrap();
         assert_eq!(c.id, 2);
         assert_eq!(c.durability, ringraft::Durability::Memory, "the flag wins");
+        assert_eq!(
+            c.ring_dir,
+            Path::new("/mnt/ring-tmpfs"),
+            "ring_dir from the file"
+        );
         std::fs::write(&path, "id = 2\nnot_a_key = 1\n").unwrap();
         let err = ServeArgs {
             config: Some(path),

@@ -86,6 +86,8 @@ struct DemoNode {
 struct Cluster {
     exe: PathBuf,
     peers: String,
+    /// Where the nodes' rings live: `shm` in the demo's directory.
+    ring_dir: PathBuf,
     durability: String,
     nodes: BTreeMap<u64, DemoNode>,
 }
@@ -121,6 +123,7 @@ impl Cluster {
         Ok(Cluster {
             exe,
             peers,
+            ring_dir: base.join("shm"),
             durability,
             nodes,
         })
@@ -137,6 +140,10 @@ impl Cluster {
             id.to_string(),
             "--data-dir".into(),
             n.dir.display().to_string(),
+            // The rings stay with the demo's files (the tcp fabric needs no
+            // tmpfs), so that removing its directory removes everything.
+            "--ring-dir".into(),
+            self.ring_dir.display().to_string(),
             "--listen".into(),
             n.listen.clone(),
             "--client".into(),

@@ -217,6 +217,14 @@ enum WalAction {
     /// Check a stopped node's ring: valid range, first invalid record and
     /// why; exit 1 when corruption lies inside what the node acknowledged.
     Check {
+        /// The node's data directory (its ring is found from there).
+        #[arg(long)]
+        data_dir: std::path::PathBuf,
+    },
+    /// Delete a stopped node's data directory and its ring in shared memory
+    /// (`rm -r DIR` leaves the ring until the next node start on the host
+    /// sweeps it).
+    Remove {
         /// The node's data directory.
         #[arg(long)]
         data_dir: std::path::PathBuf,
@@ -617,6 +625,22 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
             Err(e) => fail(format!("wal check {}: {e}", data_dir.display())),
+        },
+        Command::Wal {
+            action: WalAction::Remove { data_dir },
+        } => match ringraft_wal::remove(&data_dir) {
+            Ok(removed) => {
+                match removed.ring {
+                    Some(ring) => println!(
+                        "removed {} and its ring {}",
+                        data_dir.display(),
+                        ring.display()
+                    ),
+                    None => println!("removed {} (its ring was gone)", data_dir.display()),
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(format!("wal remove {}: {e}", data_dir.display())),
         },
     }
 }

@@ -30,6 +30,7 @@ fn fabric(config: &Config) -> Fabric {
 /// Runs the daemon until a termination signal.
 pub async fn run(config: Config) -> Result<(), String> {
     let mut node_config = NodeConfig::new(config.id, &config.data_dir, config.listen.clone());
+    node_config.ring_dir = config.ring_dir.clone();
     node_config.cluster_id = config.cluster_id;
     node_config.peers = config.peers.clone();
     node_config.durability = config.durability;
@@ -55,6 +56,7 @@ pub async fn run(config: Config) -> Result<(), String> {
         fabric = %backend,
         durability = ?config.durability,
         data_dir = %config.data_dir.display(),
+        ring_dir = %config.ring_dir.display(),
         "ringraft node up"
     );
     if config.bootstrap {

@@ -35,6 +35,11 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// The nodes' ring dir: in the test's temporary directory.
+    fn ring_dir(&self) -> PathBuf {
+        self.base.path().join("shm")
+    }
+
     fn start(n: u64, extra: &[&str]) -> Cluster {
         let base = tempfile::tempdir().unwrap();
         let mut nodes = BTreeMap::new();
@@ -71,12 +76,16 @@ impl Cluster {
 
     fn serve_args(&self, id: u64) -> Vec<String> {
         let n = &self.nodes[&id];
+        let ring_dir = self.ring_dir();
         let mut args: Vec<String> = [
             "serve",
             "--id",
             &id.to_string(),
             "--data-dir",
             n.dir.to_str().unwrap(),
+            // Rings in the test's own directory, not in /dev/shm.
+            "--ring-dir",
+            ring_dir.to_str().unwrap(),
             "--listen",
             &n.listen,
             "--client",
@@ -655,6 +664,8 @@ fn bad_input_gets_clear_errors_and_the_cluster_keeps_serving() {
                 id,
                 "--data-dir",
                 dir.path().join(id).to_str().unwrap(),
+                "--ring-dir",
+                dir.path().join("shm").to_str().unwrap(),
                 "--listen",
                 &listen,
                 "--client",
@@ -1245,5 +1256,79 @@ fn other_commands_with_input_no_node_accepts_fail_at_once() {
     assert_eq!(
         lines(&members),
         vec![format!("1 {} voter", c.nodes[&1].listen)]
+    );
+}
+
+/// The ring files in `dir`, by name.
+fn rings_in(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".ring"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Issue 11, item 1: the daemon's rings live in its ring dir (`--ring-dir`),
+/// not in the data directory; `ringraft wal check` finds a node's ring from
+/// its data directory; `ringraft wal remove` deletes a data directory with
+/// its ring, and a data directory removed with `rm -r` loses its ring at the
+/// next start of a node on the same ring dir, while a live one keeps its.
+#[test]
+fn rings_live_in_the_ring_dir_and_go_with_their_data_dir() {
+    let mut c = Cluster::start(3, &[]);
+    assert!(c.cli(&["append", "x"]).status.success());
+    for id in 1..=3 {
+        c.stop(id);
+    }
+    let ring_dir = c.ring_dir();
+    assert_eq!(rings_in(&ring_dir).len(), 3, "one ring per node");
+    for n in c.nodes.values() {
+        assert!(rings_in(&n.dir).is_empty() && !n.dir.join("ring").exists());
+        let out = Command::new(BIN)
+            .args(["wal", "check", "--data-dir", n.dir.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "wal check on node {}: {stdout}", n.id);
+        assert!(
+            stdout.contains(&format!("ring file     {}", ring_dir.display())),
+            "{stdout}"
+        );
+    }
+    let ring_of = |id: u64| ringraft_wal::ring_path(&c.nodes[&id].dir).unwrap();
+    let (ring1, ring2, ring3) = (ring_of(1), ring_of(2), ring_of(3));
+
+    let out = Command::new(BIN)
+        .args([
+            "wal",
+            "remove",
+            "--data-dir",
+            c.nodes[&1].dir.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!c.nodes[&1].dir.exists() && !ring1.exists());
+
+    std::fs::remove_dir_all(&c.nodes[&2].dir).unwrap();
+    assert!(ring2.exists(), "nothing swept yet");
+    c.boot(3);
+    // The node answers once its data directory is open (and the sweep ran).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while c.status(3).is_none() {
+        assert!(Instant::now() < deadline, "node 3 does not answer");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!ring2.exists(), "the ring of a removed data dir is swept");
+    assert!(ring3.exists());
+    assert_eq!(
+        rings_in(&ring_dir),
+        [ring3.file_name().unwrap().to_string_lossy()]
     );
 }

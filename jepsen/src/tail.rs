@@ -1,4 +1,5 @@
-//! Damage to the tail of a stopped node's ring file (`<data-dir>/ring`): the
+//! Damage to the tail of a stopped node's ring file (in its ring dir, found
+//! from `<data-dir>/ring-location`, as `wal check` finds it): the
 //! nemesis's model of a torn or lost write. It finds where the valid records
 //! end with the WAL's own offline checker, then flips (corrupt) or zeroes
 //! (truncate) bytes just below that end, across the last one to four
@@ -33,7 +34,7 @@ pub fn damage_tail(data_dir: &Path, damage: TailDamage, seed: u64) -> Result<Str
     let lines = 1 + seed % MAX_DAMAGED_LINES;
     let bytes = (lines * LINE_BYTES).min(valid);
     let from_lsn = report.end_lsn - bytes;
-    let path = data_dir.join(ringraft_wal::ring::RING_FILE);
+    let path = report.ring.clone();
     let file = OpenOptions::new()
         .read(true)
         .write(true)

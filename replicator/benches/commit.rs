@@ -924,6 +924,11 @@ fn main() {
             cluster.shutdown().await;
             (outcome, cpu)
         });
+        // Each node's ring is in /dev/shm (the default): remove it with its
+        // data directory.
+        for id in 1..=3 {
+            let _ = ringraft_wal::remove(&dir.join(format!("n{id}")));
+        }
         let _ = std::fs::remove_dir_all(&dir);
         eprintln!(
             "{label:>26}: {:>8} commits in {:.2} s, p50 {} µs, p99 {} µs, p99.9 {} µs, max {} µs, \

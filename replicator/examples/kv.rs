@@ -80,8 +80,10 @@ async fn start(
     listen: &str,
     peers: &BTreeMap<u64, String>,
     dir: &std::path::Path,
+    ring_dir: &std::path::Path,
 ) -> Result<Node, NodeError> {
     let mut config = NodeConfig::new(id, dir, listen);
+    config.ring_dir = ring_dir.to_path_buf();
     config.peers = peers.clone();
     config.ring_capacity = 16 << 20;
     config.lock_memory = false;
@@ -156,7 +158,16 @@ async fn demo() -> Result<(), NodeError> {
     for (id, addr) in &peers {
         nodes.insert(
             *id,
-            start(*id, addr, &peers, &base.path().join(format!("n{id}"))).await?,
+            // The rings go with the temporary directory (a node's default
+            // ring dir is /dev/shm).
+            start(
+                *id,
+                addr,
+                &peers,
+                &base.path().join(format!("n{id}")),
+                &base.path().join("shm"),
+            )
+            .await?,
         );
     }
     nodes[&1].initialize().await?;
@@ -234,7 +245,8 @@ async fn node(args: &[String]) -> Result<(), String> {
         peers.ok_or("--peers is required")?,
         dir.ok_or("--data-dir is required")?,
     );
-    let node = start(id, &listen, &peers, std::path::Path::new(&dir))
+    let ring_dir = std::path::Path::new(ringraft_wal::DEFAULT_RING_DIR);
+    let node = start(id, &listen, &peers, std::path::Path::new(&dir), ring_dir)
         .await
         .map_err(|e| e.to_string())?;
     if bootstrap {

@@ -78,8 +78,14 @@ pub struct NodeConfig {
     /// The initial voters, by id and listen address (this node included),
     /// used by [`Node::initialize`].
     pub peers: BTreeMap<u64, String>,
-    /// Where the ring, the metadata file and the snapshot live.
+    /// Where the metadata file and the snapshot live (the ring's name is
+    /// kept there too).
     pub data_dir: PathBuf,
+    /// The shared-memory directory the ring file lives in (default
+    /// `/dev/shm`; any tmpfs mount, see `ringraft_wal::shm`): a file there
+    /// survives the death of the process, not a reboot, and an RDMA device
+    /// can register it on every kernel.
+    pub ring_dir: PathBuf,
     /// When an entry counts as stored.
     pub durability: Durability,
     /// Ring data area capacity, bytes (power of two, >= 1 MiB).
@@ -106,8 +112,8 @@ pub struct NodeConfig {
 }
 
 impl NodeConfig {
-    /// A configuration with defaults: memory durability, 64 MiB ring,
-    /// 1 MiB records, 150..300 ms elections, 50 ms heartbeats.
+    /// A configuration with defaults: memory durability, 64 MiB ring in
+    /// `/dev/shm`, 1 MiB records, 150..300 ms elections, 50 ms heartbeats.
     pub fn new(id: u64, data_dir: impl Into<PathBuf>, listen: impl Into<String>) -> NodeConfig {
         NodeConfig {
             id,
@@ -115,6 +121,7 @@ impl NodeConfig {
             listen: listen.into(),
             peers: BTreeMap::new(),
             data_dir: data_dir.into(),
+            ring_dir: PathBuf::from(ringraft_wal::DEFAULT_RING_DIR),
             durability: Durability::Memory,
             ring_capacity: 64 << 20,
             max_record_bytes: 1 << 20,
@@ -308,7 +315,7 @@ impl NodeBuilder {
             node_id: config.id,
             lock_memory: config.lock_memory,
         };
-        let wal = Wal::open(&config.data_dir, &ring_config)
+        let wal = Wal::open(&config.data_dir, &config.ring_dir, &ring_config)
             .map_err(|e| NodeError::Storage(e.to_string()))?;
         let regions = wal.ring().regions();
         let capacity = wal.ring().geometry().capacity;

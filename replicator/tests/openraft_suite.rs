@@ -43,7 +43,9 @@ impl StoreBuilder<TypeConfig, LogStore, SmStore, tempfile::TempDir> for Builder 
             node_id: 0,
             lock_memory: false,
         };
-        let wal = Wal::open(dir.path(), &config).expect("wal");
+        // The ring goes with the temporary directory, not into /dev/shm.
+        let wal =
+            Wal::open(&dir.path().join("data"), &dir.path().join("shm"), &config).expect("wal");
         let guard = Arc::new(LocalGuard::default());
         let store = LogStore::new(wal, 0, self.durability, guard.clone());
         guard.bind(&store);

@@ -3,6 +3,10 @@
 //! whether corruption lies inside what the node had acknowledged.
 //! `ringraft wal check --data-dir DIR` prints its report.
 //!
+//! The ring is found through the data directory's `ring-location`
+//! ([`crate::shm::ring_path`]), so no ring dir needs to be given; a ring
+//! that is gone (after a reboot) is [`WalError::RingGone`].
+//!
 //! The directory may hold anything: every word read from either file is
 //! checked as [`crate::Wal::open`] checks it (the metadata file's ranges,
 //! the ring header, the acknowledged watermark and the commit hint) and a
@@ -23,7 +27,6 @@ use crate::layout::{
 };
 use crate::meta::{META_FILE, Meta};
 use crate::recovery::{Damage, Evidence, ScanInput, Stop, scan};
-use crate::ring::RING_FILE;
 use crate::validate::{Geometry, LogPos};
 
 /// What [`check`] found.
@@ -31,6 +34,8 @@ use crate::validate::{Geometry, LogPos};
 pub struct CheckReport {
     /// The directory checked.
     pub dir: PathBuf,
+    /// Its ring file (in the ring dir, see [`crate::shm`]).
+    pub ring: PathBuf,
     /// The ring's static header.
     pub header: RingHeader,
     /// The metadata file.
@@ -74,6 +79,7 @@ impl fmt::Display for CheckReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let h = &self.header;
         writeln!(f, "data dir      {}", self.dir.display())?;
+        writeln!(f, "ring file     {}", self.ring.display())?;
         writeln!(
             f,
             "ring          cluster {:#x}, node {}, capacity {} bytes, incarnation {}",
@@ -151,9 +157,17 @@ fn opt(index: Option<u64>) -> String {
 /// Checks the data directory `dir` without writing to it.
 pub fn check(dir: &Path) -> Result<CheckReport> {
     let meta_path = dir.join(META_FILE);
-    let ring_path = dir.join(RING_FILE);
     let meta = Meta::read(&meta_path)?;
-    let file = File::open(&ring_path).map_err(WalError::io("open", &ring_path))?;
+    let ring_path = crate::shm::ring_path(dir)?;
+    let file = match File::open(&ring_path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(WalError::RingGone {
+                dir: dir.to_path_buf(),
+                ring: ring_path,
+            });
+        }
+        opened => opened.map_err(WalError::io("open", &ring_path))?,
+    };
     let mut control = vec![0u8; CONTROL_BLOCK_BYTES];
     file.read_exact_at(&mut control, 0)
         .map_err(WalError::io("read control block", &ring_path))?;
@@ -216,6 +230,7 @@ pub fn check(dir: &Path) -> Result<CheckReport> {
     );
     Ok(CheckReport {
         dir: dir.to_path_buf(),
+        ring: ring_path,
         header,
         meta,
         fence,

@@ -160,6 +160,49 @@ pub enum WalError {
         /// The file that is missing.
         missing: &'static str,
     },
+    /// The ring dir has no room for the ring (ENOSPC when its memory was
+    /// reserved).
+    #[error(
+        "{dir}: no room for a ring of {needed} bytes ({free} bytes free); give the ring dir \
+         more room (a bigger /dev/shm: `docker run --shm-size=...`, or \
+         `mount -o remount,size=... /dev/shm`), lower the ring capacity, or point the ring \
+         dir (`--ring-dir`) at a bigger tmpfs"
+    )]
+    RingDirFull {
+        /// The ring dir.
+        dir: PathBuf,
+        /// Bytes the ring file needs (control block and data area).
+        needed: u64,
+        /// Bytes free in the ring dir after the failed reservation.
+        free: u64,
+    },
+    /// The data directory's ring exists, but in another ring dir than the
+    /// one configured.
+    #[error(
+        "{dir}: its ring is {ring}, outside the configured ring dir {configured}; set the ring \
+         dir back to where the ring is, or stop the node and move the ring file and its \
+         .owner file into {configured}"
+    )]
+    RingElsewhere {
+        /// The data directory.
+        dir: PathBuf,
+        /// Its ring file.
+        ring: PathBuf,
+        /// The ring dir configured.
+        configured: PathBuf,
+    },
+    /// The data directory names a ring that no longer exists (shared memory
+    /// is cleared at a reboot).
+    #[error(
+        "{dir}: its ring {ring} is gone (shared memory does not survive a reboot); the node \
+         recreates it when it starts, from the metadata file"
+    )]
+    RingGone {
+        /// The data directory.
+        dir: PathBuf,
+        /// The ring file it names.
+        ring: PathBuf,
+    },
     /// The control block and the metadata file disagree.
     #[error("{path}: {what}")]
     Inconsistent {

@@ -4,8 +4,8 @@
 //! a node's Raft log and the memory a leader fills with one-sided RDMA
 //! WRITEs. This crate knows nothing of openraft or of any network: it owns
 //! the byte layout, the record codec, the validator (DESIGN.md's chain
-//! rules), the file-backed ring, recovery, the metadata file and the offline
-//! checker.
+//! rules), the ring (a file in shared memory, `/dev/shm` by default),
+//! recovery, the metadata file and the offline checker.
 //!
 //! ## Layers (sans-IO first)
 //! - [`layout`]: the control block's offsets and static header, [`Epoch`];
@@ -16,6 +16,8 @@
 //! - [`recovery`]: the pure recovery scan and the torn-tail /
 //!   corrupt-inside verdict;
 //! - [`ring`]: the memory-mapped ring file ([`Ring`]);
+//! - [`shm`]: where the ring file lives (a shared-memory directory), its
+//!   name, its binding to the data directory, and the sweep of orphans;
 //! - [`meta`]: the vote / metadata file ([`Meta`]);
 //! - [`store`]: a data directory, both files together ([`Wal`]);
 //! - [`check`](mod@check): the offline checker ([`check()`]).
@@ -25,6 +27,9 @@
 //! use ringraft_wal::{EntryRef, Epoch, RingConfig, Wal};
 //!
 //! let dir = tempfile::tempdir().unwrap();
+//! // The ring lives in a shared-memory directory: /dev/shm in production
+//! // (`ringraft_wal::DEFAULT_RING_DIR`); here a directory of the example's own.
+//! let ring_dir = dir.path().join("shm");
 //! let config = RingConfig {
 //!     capacity: 1 << 20,
 //!     max_record_bytes: 64 << 10,
@@ -32,7 +37,7 @@
 //!     node_id: 1,
 //!     lock_memory: false,
 //! };
-//! let mut wal = Wal::open(dir.path(), &config).unwrap();
+//! let mut wal = Wal::open(&dir.path().join("data"), &ring_dir, &config).unwrap();
 //! let epoch = Epoch::new(1, 1).unwrap();
 //! // A leader first takes its own fence (through the fabric in a cluster).
 //! wal.ring().compare_exchange_fence(Epoch::ZERO, epoch).unwrap();
@@ -55,6 +60,7 @@ pub mod meta;
 pub mod record;
 pub mod recovery;
 pub mod ring;
+pub mod shm;
 pub mod store;
 pub mod validate;
 
@@ -67,5 +73,6 @@ pub use recovery::{Damage, Evidence, ScanReport, Stop};
 pub use ring::{
     AdoptRequest, Extended, PreparedAdoption, RawRegion, RecordView, Ring, RingConfig, RingRegions,
 };
+pub use shm::{DEFAULT_RING_DIR, RingLocation, collect_garbage, remove, ring_path};
 pub use store::{Recovery, Wal};
 pub use validate::{ChainTip, Check, Geometry, Invalid, LogPos};

@@ -257,28 +257,33 @@ impl std::fmt::Debug for Ring {
 }
 
 impl Ring {
-    /// Creates a new ring file at `path` (it must not exist), preallocated,
-    /// with an empty log, a zero fence and incarnation 0. Open it with
-    /// [`Ring::open`].
-    pub fn create(path: &Path, config: &RingConfig) -> Result<()> {
+    /// Creates a new ring file at `path` (it must not exist, and is readable
+    /// by its owner only), its memory reserved up front, with an empty log,
+    /// a zero fence and the given incarnation (0 for a new data directory;
+    /// see [`crate::shm`] for a ring recreated after a reboot). Open it with
+    /// [`Ring::open`]. On error the file is removed.
+    ///
+    /// # Errors
+    /// [`WalError::RingDirFull`] when the ring dir has no room for it.
+    pub fn create(path: &Path, config: &RingConfig, incarnation: u64) -> Result<()> {
         config.geometry()?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(path)
-            .map_err(WalError::io("create", path))?;
+        let file = crate::shm::create_ring_file(path)?;
         let total = CONTROL_BLOCK_BYTES as u64 + config.capacity;
-        preallocate(&file, path, total)?;
         let header = RingHeader {
             capacity: config.capacity,
             cluster_id: config.cluster_id,
             node_id: config.node_id,
-            incarnation: 0,
+            incarnation,
         };
-        file.write_all_at(&header.encode(), 0)
-            .map_err(WalError::io("write header", path))?;
-        file.sync_all().map_err(WalError::io("fsync", path))?;
+        crate::shm::reserve(&file, path, total)
+            .and_then(|()| {
+                file.write_all_at(&header.encode(), 0)
+                    .map_err(WalError::io("write header", path))?;
+                file.sync_all().map_err(WalError::io("fsync", path))
+            })
+            .inspect_err(|_| {
+                let _ = std::fs::remove_file(path);
+            })?;
         sync_dir(path)
     }
 
@@ -297,6 +302,7 @@ impl Ring {
             .write(true)
             .open(path)
             .map_err(WalError::io("open", path))?;
+        crate::shm::hold(&file, path);
         let mut line = [0u8; RING_HEADER_BYTES];
         file.read_exact_at(&mut line, 0)
             .map_err(WalError::io("read header", path))?;
@@ -1272,22 +1278,6 @@ impl RecordSink for MapSink {
             );
         }
     }
-}
-
-fn preallocate(file: &File, path: &Path, len: u64) -> Result<()> {
-    let len_off = libc::off_t::try_from(len)
-        .map_err(|_| WalError::Config(format!("ring file of {len} bytes is too large")))?;
-    // SAFETY: plain syscall on an open descriptor.
-    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len_off) };
-    if rc != 0 {
-        tracing::warn!(
-            path = %path.display(),
-            error = %std::io::Error::from_raw_os_error(rc),
-            "posix_fallocate failed; the ring file is sparse and a full disk may surface later"
-        );
-        file.set_len(len).map_err(WalError::io("set_len", path))?;
-    }
-    Ok(())
 }
 
 /// Starts the ring from an empty page cache, faulted in page by page.

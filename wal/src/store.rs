@@ -14,6 +14,7 @@ use crate::layout::{Epoch, RingHeader};
 use crate::meta::{META_FILE, Meta, VoteRecord};
 use crate::recovery::{Damage, ScanReport, Stop};
 use crate::ring::{RING_FILE, Ring, RingConfig};
+use crate::shm;
 use crate::validate::LogPos;
 
 /// What recovery found when the directory was opened.
@@ -21,6 +22,11 @@ use crate::validate::LogPos;
 pub struct Recovery {
     /// True when the directory was empty and a new log was created.
     pub created: bool,
+    /// True when the data directory's ring was gone (shared memory is
+    /// cleared at a reboot) and a new, empty one was made: anchored at the
+    /// metadata file's purge point, its fence rebuilt from the durable vote.
+    /// Entries the lost ring held beyond the purge point are not in it.
+    pub ring_recreated: bool,
     /// The ring's incarnation as of this open.
     pub incarnation: u64,
     /// The fence found.
@@ -44,9 +50,10 @@ pub struct Recovery {
 }
 
 impl Recovery {
-    fn from_scan(created: bool, ring: &Ring, report: &ScanReport) -> Recovery {
+    fn from_scan(created: bool, recreated: bool, ring: &Ring, report: &ScanReport) -> Recovery {
         Recovery {
             created,
+            ring_recreated: recreated,
             incarnation: ring.header().incarnation,
             fence: ring.fence(),
             first_index: ring.first_index(),
@@ -79,22 +86,44 @@ pub struct Wal {
 
 impl Wal {
     /// Opens the data directory `dir`, creating it and an empty log when it
-    /// holds neither file, and recovers the log.
+    /// holds neither the metadata file nor a ring, and recovers the log. The
+    /// ring lives in `ring_dir` (a shared-memory directory: `/dev/shm`,
+    /// [`crate::shm::DEFAULT_RING_DIR`], or another tmpfs mount; created if
+    /// missing), under a name bound to this directory ([`crate::shm`]).
+    /// Every open also deletes the rings in `ring_dir` whose data directory
+    /// is gone ([`crate::shm::collect_garbage`]).
+    ///
+    /// A ring that is gone while the metadata file is not (a reboot cleared
+    /// shared memory) is recreated empty at the metadata file's purge point,
+    /// with its fence rebuilt from the durable vote
+    /// ([`Recovery::ring_recreated`]).
     ///
     /// Errors, never defaults: a ring without its metadata file, a file of
-    /// another cluster or node, a corrupt metadata file or ring header.
-    pub fn open(dir: &Path, config: &RingConfig) -> Result<Wal> {
+    /// another cluster or node, a corrupt metadata file or ring header, a
+    /// ring in another ring dir ([`WalError::RingElsewhere`]), a ring dir
+    /// too small for the ring ([`WalError::RingDirFull`]).
+    pub fn open(dir: &Path, ring_dir: &Path, config: &RingConfig) -> Result<Wal> {
         config.geometry()?;
         fs::create_dir_all(dir).map_err(WalError::io("create directory", dir))?;
-        let ring_path = dir.join(RING_FILE);
         let meta_path = dir.join(META_FILE);
-        let mut created = false;
-        match (ring_path.exists(), meta_path.exists()) {
+        // ----- where the ring lives (issue 11, item 1: crate::shm) -----
+        let mut place = shm::find(dir, ring_dir)?;
+        let (mut created, mut recreated) = (false, false);
+        // A ring made where one was lost starts a new generation of
+        // incarnations (crate::shm).
+        let generation = if place.ring_lost() {
+            place.next_generation()?
+        } else {
+            0
+        };
+        match (place.ring_exists(), meta_path.exists()) {
             (false, false) => {
                 // Metadata first: a crash before the ring exists leaves a
                 // pristine metadata file, which the next open completes.
                 Meta::new(config.cluster_id, config.node_id).store(&meta_path)?;
-                Ring::create(&ring_path, config)?;
+                let (path, incarnation) =
+                    place.bind_new(config.cluster_id, config.node_id, generation)?;
+                Ring::create(&path, config, incarnation)?;
                 created = true;
             }
             (true, false) => {
@@ -106,21 +135,43 @@ impl Wal {
             }
             (false, true) => {
                 let meta = Meta::load(&meta_path, config.cluster_id, config.node_id)?;
-                if meta != Meta::new(config.cluster_id, config.node_id) {
+                if meta == Meta::new(config.cluster_id, config.node_id) {
+                    created = true;
+                } else if place.ring_lost() {
+                    recreated = true;
+                } else {
                     return Err(WalError::Incomplete {
                         dir: dir.to_path_buf(),
                         present: META_FILE,
                         missing: RING_FILE,
                     });
                 }
-                Ring::create(&ring_path, config)?;
-                created = true;
+                let (path, incarnation) =
+                    place.bind_new(config.cluster_id, config.node_id, generation)?;
+                Ring::create(&path, config, incarnation)?;
             }
             (true, true) => {}
         }
+        let ring_path = place.ready(config.cluster_id, config.node_id)?;
+        place.remove_leftover();
+        // ----- end of where the ring lives -----
         let meta = Meta::load(&meta_path, config.cluster_id, config.node_id)?;
-        let (ring, report) = Ring::open(&ring_path, config, meta.purged)?;
-        let recovery = Recovery::from_scan(created, &ring, &report);
+        let (mut ring, report) = Ring::open(&ring_path, config, meta.purged)?;
+        if recreated {
+            rebuild_fence(&ring, meta.vote)?;
+            ring.sync()?;
+        }
+        let recovery = Recovery::from_scan(created, recreated, &ring, &report);
+        if recreated {
+            tracing::warn!(
+                dir = %dir.display(),
+                ring = %ring_path.display(),
+                fence = %recovery.fence,
+                first_index = recovery.first_index,
+                "the ring was gone (a reboot?): recreated empty at the purge point, fence \
+                 rebuilt from the vote"
+            );
+        }
         if let Some(stop) = recovery.stop {
             tracing::info!(
                 dir = %dir.display(),
@@ -131,6 +182,7 @@ impl Wal {
                 "wal recovered"
             );
         }
+        shm::collect_garbage(place.ring_dir());
         Ok(Wal {
             dir: dir.to_path_buf(),
             meta_path,
@@ -203,9 +255,43 @@ impl Wal {
         Ok(true)
     }
 
+    /// The ring's path (in the ring dir).
+    pub fn ring_path(&self) -> &Path {
+        self.ring.path()
+    }
+
     fn store(&mut self, meta: Meta) -> Result<()> {
         meta.store(&self.meta_path)?;
         self.meta = meta;
         Ok(())
     }
+}
+
+/// The fence of a recreated ring, from the durable vote: the vote's leader's
+/// epoch when the vote is committed (a quorum granted it: that leader holds
+/// the term), else the vote's term with no leader (`term << 16`), which any
+/// leader of that term may raise. Never below the vote's term; the old
+/// fence may have been higher (a leader fenced this node before it saved
+/// that leader's vote), which is safe: the fence only filters writers, and
+/// openraft's vote, which is durable, decides who leads.
+fn rebuild_fence(ring: &Ring, vote: Option<VoteRecord>) -> Result<()> {
+    let Some(vote) = vote else {
+        return Ok(());
+    };
+    let leader = if vote.committed {
+        vote.voted_for.unwrap_or(0)
+    } else {
+        0
+    };
+    let epoch = Epoch::new(vote.term, leader).ok_or_else(|| {
+        WalError::Config(format!(
+            "vote term {} with leader {leader} does not fit an epoch",
+            vote.term
+        ))
+    })?;
+    if epoch > Epoch::ZERO {
+        let found = ring.compare_exchange_fence(Epoch::ZERO, epoch)?;
+        assert_eq!(found, Epoch::ZERO, "a new ring's fence is zero");
+    }
+    Ok(())
 }

@@ -23,8 +23,8 @@ use ringraft_wal::{
 };
 
 /// A data directory with a fresh, empty log of node 1.
-fn fresh_dir() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
+fn fresh_dir() -> TestDir {
+    let dir = tempdir();
     drop(open(dir.path()));
     dir
 }
@@ -52,7 +52,7 @@ fn ring_file(dir: &Path) -> std::fs::File {
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .open(dir.join(RING_FILE))
+        .open(ring_path(dir))
         .unwrap()
 }
 
@@ -97,7 +97,7 @@ fn a_purge_point_at_the_end_of_the_lsn_space_is_refused() {
     let dir = fresh_dir();
     with_purge_point(dir.path(), 1, 5, 0xFFFF_FFFF_FFFF_FFC0);
     assert_refused(check(dir.path()), "purged next_lsn");
-    assert_refused(Wal::open(dir.path(), &config(1)), "purged next_lsn");
+    assert_refused(open_with(dir.path(), &config(1)), "purged next_lsn");
 }
 
 /// Issue 10, item 6: a purge index of `u64::MAX` overflowed
@@ -107,7 +107,7 @@ fn a_purge_index_of_u64_max_is_refused() {
     let dir = fresh_dir();
     with_purge_point(dir.path(), 1, u64::MAX, 0);
     assert_refused(check(dir.path()), "purged index");
-    assert_refused(Wal::open(dir.path(), &config(1)), "purged index");
+    assert_refused(open_with(dir.path(), &config(1)), "purged index");
 }
 
 /// Issue 10, item 6: a ring header with incarnation `u64::MAX` (valid CRC)
@@ -127,7 +127,7 @@ fn an_incarnation_that_cannot_be_bumped_is_refused() {
         .write_all_at(&header.encode(), 0)
         .unwrap();
     assert_eq!(check(dir.path()).unwrap().header.incarnation, u64::MAX);
-    assert_refused(Wal::open(dir.path(), &config(1)), "incarnation");
+    assert_refused(open_with(dir.path(), &config(1)), "incarnation");
 }
 
 /// Issue 10, item 6: a record with index `u64::MAX` (valid CRC, first
@@ -156,7 +156,7 @@ fn a_record_with_index_u64_max_ends_the_recovered_log() {
     let report = check(dir.path()).unwrap();
     assert_eq!(report.entries, 0, "{report}");
     assert_eq!(report.stop.map(|s| s.lsn), Some(0));
-    let wal = Wal::open(dir.path(), &config(1)).unwrap();
+    let wal = open_with(dir.path(), &config(1)).unwrap();
     assert_eq!(wal.recovery().entries, 0);
     assert_eq!(wal.ring().next_index(), 0);
     assert_eq!(wal.ring().first_index(), 0);
@@ -168,7 +168,7 @@ fn a_record_with_index_u64_max_ends_the_recovered_log() {
 /// adoption; it must be rejected like any invalid record, not overflow.
 #[test]
 fn adoption_rejects_a_record_with_index_u64_max() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let mut wal = open(dir.path());
     let e = epoch(1, 1);
     let header = RecordHeader {
@@ -219,7 +219,7 @@ fn a_wrap_marker_in_the_last_lap_of_the_lsn_space_neither_hangs_nor_panics() {
     put_record(dir.path(), wrap(start), &[]);
     put_record(dir.path(), wrap(start + 64), &[]);
     assert_refused(check(dir.path()), "purged next_lsn");
-    assert_refused(Wal::open(dir.path(), &config(1)), "purged next_lsn");
+    assert_refused(open_with(dir.path(), &config(1)), "purged next_lsn");
 }
 
 /// Issue 10, item 6: an unaligned purge point (`next_lsn` 1 or 0xFFFFF) was
@@ -231,7 +231,7 @@ fn an_unaligned_purge_point_is_refused_by_the_checker_too() {
         let dir = fresh_dir();
         with_purge_point(dir.path(), 1, 5, next_lsn);
         assert_refused(check(dir.path()), "purged next_lsn");
-        assert_refused(Wal::open(dir.path(), &config(1)), "purged next_lsn");
+        assert_refused(open_with(dir.path(), &config(1)), "purged next_lsn");
     }
 }
 
@@ -299,7 +299,7 @@ fn the_end_of_the_lsn_space_is_a_clear_error_not_a_wrap() {
         payload: &[],
     };
     {
-        let mut wal = Wal::open(dir.path(), &config(1)).unwrap();
+        let mut wal = open_with(dir.path(), &config(1)).unwrap();
         let ring = wal.ring_mut();
         assert_eq!(ring.free_bytes(), 128);
         ring.append(e, &[entry(10), entry(11)]).unwrap();
@@ -312,7 +312,7 @@ fn the_end_of_the_lsn_space_is_a_clear_error_not_a_wrap() {
     let report = check(dir.path()).unwrap();
     assert_eq!((report.entries, report.end_lsn), (2, MAX_LSN));
     assert_eq!(report.damage, Damage::None);
-    let wal = Wal::open(dir.path(), &config(1)).unwrap();
+    let wal = open_with(dir.path(), &config(1)).unwrap();
     assert_eq!(wal.ring().last_log(), last(1, 11));
     assert_eq!(wal.ring().tail_lsn(), MAX_LSN);
     assert_eq!(wal.recovery().damage, Damage::None);
@@ -334,7 +334,7 @@ fn index_words_of_the_control_block_are_range_checked() {
             .write_all_at(&u64::MAX.to_le_bytes(), offset as u64)
             .unwrap();
         assert_refused(check(dir.path()), field);
-        assert_refused(Wal::open(dir.path(), &config(1)), field);
+        assert_refused(open_with(dir.path(), &config(1)), field);
     }
     // A leader's hint beyond any index is stored as the largest index.
     let dir = fresh_dir();
@@ -370,7 +370,7 @@ fn a_first_record_whose_prev_term_is_above_its_term_is_not_recovered() {
     let dir = fresh_dir();
     set_fence(dir.path(), e);
     put_record(dir.path(), record, b"ab");
-    let wal = Wal::open(dir.path(), &config(1)).unwrap();
+    let wal = open_with(dir.path(), &config(1)).unwrap();
     for index in wal.ring().first_index()..wal.ring().next_index() {
         let read = wal.ring().read(index);
         assert!(read.is_ok(), "recovered entry {index} unreadable: {read:?}");
@@ -380,7 +380,7 @@ fn a_first_record_whose_prev_term_is_above_its_term_is_not_recovered() {
     drop(wal);
 
     // The same record from the fence holder is not adopted.
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let mut wal = open(dir.path());
     let result = adopt_one(&mut wal, record, b"ab");
     assert!(
@@ -404,21 +404,21 @@ fn a_first_record_whose_prev_term_is_above_its_term_is_not_recovered() {
 /// could not serve its own log.
 #[test]
 fn entries_written_under_a_higher_record_limit_stay_readable() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let e = epoch(1, 1);
     let big = ringraft_wal::RingConfig {
         max_record_bytes: 4 * MAX_RECORD,
         ..config(1)
     };
     {
-        let mut wal = Wal::open(dir.path(), &big).unwrap();
+        let mut wal = open_with(dir.path(), &big).unwrap();
         take_fence(wal.ring(), e);
         append_n(wal.ring_mut(), e, 1, 3, |i| {
             (i as usize + 2) * MAX_RECORD as usize
         });
         wal.ring_mut().sync_and_ack(2).unwrap();
     }
-    let wal = Wal::open(dir.path(), &config(1)).unwrap();
+    let wal = open_with(dir.path(), &config(1)).unwrap();
     assert_eq!(wal.recovery().entries, 3);
     for index in 0..3 {
         let entry = wal.ring().read(index);

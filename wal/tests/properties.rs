@@ -77,7 +77,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 struct World {
-    dir: tempfile::TempDir,
+    dir: TestDir,
     wal: Option<Wal>,
     model: Model,
     term: u64,
@@ -86,7 +86,7 @@ struct World {
 
 impl World {
     fn new() -> World {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempdir();
         let wal = open(dir.path());
         let world = World {
             dir,
@@ -252,9 +252,8 @@ proptest! {
 
 /// Builds a directory holding a log that wrapped at least once, synced.
 /// Returns the model of what it holds.
-fn written_log(dir: &Path, sizes: &[usize]) -> Model {
+fn written_log(sizes: &[usize]) -> (TestDir, Model) {
     let mut world = World::new();
-    std::fs::remove_dir_all(dir).ok();
     for (k, chunk) in sizes.chunks(5).enumerate() {
         if k % 2 == 0 {
             world.apply(&Op::Append(chunk.to_vec()));
@@ -267,17 +266,15 @@ fn written_log(dir: &Path, sizes: &[usize]) -> Model {
     }
     world.wal_mut().ring_mut().sync().unwrap();
     let model = world.model.clone();
-    let World { dir: tmp, wal, .. } = world;
+    let World { dir, wal, .. } = world;
     drop(wal);
-    std::fs::rename(tmp.path(), dir).unwrap();
-    std::mem::forget(tmp);
-    model
+    (dir, model)
 }
 
 /// Whatever recovery returns, every record must be exactly the one written,
 /// and they must form a prefix of the log.
 fn assert_prefix_of(dir: &Path, model: &Model) {
-    let Ok(wal) = Wal::open(dir, &config(1)) else {
+    let Ok(wal) = open_with(dir, &config(1)) else {
         return; // a clear error is an allowed outcome
     };
     let got = contents(wal.ring());
@@ -302,10 +299,9 @@ proptest! {
 
     #[test]
     fn a_flipped_bit_never_yields_a_wrong_record(sizes in log_sizes(), bit in any::<u64>()) {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("node");
-        let model = written_log(&dir, &sizes);
-        let ring = OpenOptions::new().read(true).write(true).open(dir.join("ring")).unwrap();
+        let (tmp, model) = written_log(&sizes);
+        let dir = tmp.path().to_path_buf();
+        let ring = OpenOptions::new().read(true).write(true).open(ring_path(&dir)).unwrap();
         let bit = bit % ((CONTROL_BLOCK_BYTES as u64 + CAP) * 8);
         let mut b = [0u8];
         ring.read_exact_at(&mut b, bit / 8).unwrap();
@@ -317,17 +313,16 @@ proptest! {
 
     #[test]
     fn a_torn_tail_never_yields_a_wrong_record(sizes in log_sizes(), cut in any::<u64>()) {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("node");
-        let model = written_log(&dir, &sizes);
+        let (tmp, model) = written_log(&sizes);
+        let dir = tmp.path().to_path_buf();
         let (head, tail) = {
-            let wal = Wal::open(&dir, &config(1)).unwrap();
+            let wal = open_with(&dir, &config(1)).unwrap();
             (wal.ring().head_lsn(), wal.ring().tail_lsn())
         };
         // Lose every byte written from a point between head and tail on, as
         // if the machine died while those pages were on their way to disk.
         let from = head + cut % (tail - head).max(1);
-        let ring = OpenOptions::new().write(true).open(dir.join("ring")).unwrap();
+        let ring = OpenOptions::new().write(true).open(ring_path(&dir)).unwrap();
         let mut lsn = from;
         while lsn < tail {
             let physical = lsn % CAP;
@@ -341,14 +336,13 @@ proptest! {
 
     #[test]
     fn a_truncated_file_is_a_clear_error(sizes in log_sizes(), cut in any::<u64>()) {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("node");
-        let model = written_log(&dir, &sizes);
+        let (tmp, model) = written_log(&sizes);
+        let dir = tmp.path().to_path_buf();
         let len = CONTROL_BLOCK_BYTES as u64 + CAP;
-        let ring = OpenOptions::new().write(true).open(dir.join("ring")).unwrap();
+        let ring = OpenOptions::new().write(true).open(ring_path(&dir)).unwrap();
         ring.set_len(cut % len).unwrap();
         drop(ring);
-        prop_assert!(Wal::open(&dir, &config(1)).is_err());
+        prop_assert!(open_with(&dir, &config(1)).is_err());
         prop_assert!(ringraft_wal::check(&dir).is_err());
         assert_prefix_of(&dir, &model);
     }

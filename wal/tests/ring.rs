@@ -9,12 +9,12 @@ use common::*;
 use ringraft_wal::layout::CONTROL_BLOCK_BYTES;
 use ringraft_wal::{
     AdoptError, AdoptRequest, ChainTip, Damage, EntryRef, Epoch, Evidence, Invalid, LogPos, Meta,
-    RingConfig, VoteRecord, Wal, WalError, check,
+    RingConfig, VoteRecord, WalError, check,
 };
 
 #[test]
 fn a_new_directory_opens_empty_and_entries_survive_reopen() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let e = epoch(1, 1);
     {
         let mut wal = open(dir.path());
@@ -46,7 +46,7 @@ fn a_new_directory_opens_empty_and_entries_survive_reopen() {
 
 #[test]
 fn appends_wrap_around_many_laps_with_purges() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let e = epoch(1, 1);
     let mut wal = open(dir.path());
     take_fence(wal.ring(), e);
@@ -97,7 +97,7 @@ fn appends_wrap_around_many_laps_with_purges() {
 
 #[test]
 fn a_full_ring_is_an_error_to_wait_on_never_an_overwrite() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let e = epoch(1, 1);
     let mut wal = open(dir.path());
     take_fence(wal.ring(), e);
@@ -143,7 +143,7 @@ fn a_full_ring_is_an_error_to_wait_on_never_an_overwrite() {
 
 #[test]
 fn records_above_the_limit_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let e = epoch(1, 1);
     let mut wal = open(dir.path());
     take_fence(wal.ring(), e);
@@ -167,7 +167,7 @@ fn records_above_the_limit_are_refused() {
 
 #[test]
 fn batches_are_all_or_nothing() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let e = epoch(2, 1);
     let mut wal = open(dir.path());
     take_fence(wal.ring(), e);
@@ -214,7 +214,7 @@ fn batches_are_all_or_nothing() {
 
 #[test]
 fn the_fence_moves_only_upward() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let wal = open(dir.path());
     let ring = wal.ring();
     assert_eq!(ring.fence(), Epoch::ZERO);
@@ -238,7 +238,7 @@ fn the_fence_moves_only_upward() {
 
 #[test]
 fn adoption_takes_a_remote_writers_records_in_place() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let leader = epoch(1, 2);
     let mut wal = open(dir.path());
     take_fence(wal.ring(), leader);
@@ -285,7 +285,7 @@ fn adoption_takes_a_remote_writers_records_in_place() {
 
 #[test]
 fn adoption_rejects_a_writer_that_lost_the_fence() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let old = epoch(1, 2);
     let new = epoch(2, 3);
     let mut wal = open(dir.path());
@@ -342,7 +342,7 @@ fn adoption_rejects_a_writer_that_lost_the_fence() {
 
 #[test]
 fn adoption_checks_position_range_and_metadata() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let e = epoch(1, 2);
     let mut wal = open(dir.path());
     take_fence(wal.ring(), e);
@@ -414,7 +414,7 @@ fn adoption_checks_position_range_and_metadata() {
 
 #[test]
 fn adoption_rejects_torn_and_chain_breaking_records() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let e = epoch(2, 2);
     let mut wal = open(dir.path());
     take_fence(wal.ring(), e);
@@ -471,7 +471,7 @@ fn adoption_rejects_torn_and_chain_breaking_records() {
 
 #[test]
 fn adoption_across_the_end_of_the_area() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let e = epoch(1, 2);
     let mut wal = open(dir.path());
     take_fence(wal.ring(), e);
@@ -498,7 +498,7 @@ fn adoption_across_the_end_of_the_area() {
 
 #[test]
 fn truncated_entries_do_not_come_back_after_a_crash() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let e1 = epoch(1, 1);
     let e2 = epoch(2, 2);
     {
@@ -533,7 +533,7 @@ fn truncated_entries_do_not_come_back_after_a_crash() {
 
 #[test]
 fn truncation_below_the_purge_point_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let e = epoch(1, 1);
     let mut wal = open(dir.path());
     take_fence(wal.ring(), e);
@@ -550,7 +550,7 @@ fn truncation_below_the_purge_point_is_refused() {
 
 #[test]
 fn purge_advances_head_and_beyond_the_log_empties_it() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let e = epoch(1, 1);
     let mut wal = open(dir.path());
     take_fence(wal.ring(), e);
@@ -596,7 +596,7 @@ fn purge_advances_head_and_beyond_the_log_empties_it() {
 
 #[test]
 fn a_purge_interrupted_before_head_moved_is_completed_at_open() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let e = epoch(1, 1);
     let lsn;
     {
@@ -625,7 +625,7 @@ fn a_purge_interrupted_before_head_moved_is_completed_at_open() {
 
 #[test]
 fn the_vote_and_commit_survive_and_foreign_directories_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let vote = VoteRecord {
         term: 7,
         voted_for: Some(3),
@@ -645,14 +645,14 @@ fn the_vote_and_commit_survive_and_foreign_directories_are_refused() {
         ..config(1)
     };
     assert!(matches!(
-        Wal::open(dir.path(), &other_cluster),
+        open_with(dir.path(), &other_cluster),
         Err(WalError::Foreign {
             field: "cluster id",
             ..
         })
     ));
     assert!(matches!(
-        Wal::open(dir.path(), &config(2)),
+        open_with(dir.path(), &config(2)),
         Err(WalError::Foreign {
             field: "node id",
             ..
@@ -663,7 +663,7 @@ fn the_vote_and_commit_survive_and_foreign_directories_are_refused() {
         ..config(1)
     };
     assert!(matches!(
-        Wal::open(dir.path(), &bigger),
+        open_with(dir.path(), &bigger),
         Err(WalError::Foreign {
             field: "capacity",
             ..
@@ -673,43 +673,43 @@ fn the_vote_and_commit_survive_and_foreign_directories_are_refused() {
 
 #[test]
 fn missing_or_corrupt_files_are_errors_not_defaults() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     drop(open(dir.path()));
     let meta = dir.path().join("meta");
     let saved = std::fs::read(&meta).unwrap();
     std::fs::remove_file(&meta).unwrap();
     assert!(matches!(
-        Wal::open(dir.path(), &config(1)),
+        open_with(dir.path(), &config(1)),
         Err(WalError::Incomplete { .. })
     ));
     let mut bad = saved.clone();
     bad[20] ^= 1;
     std::fs::write(&meta, &bad).unwrap();
     assert!(matches!(
-        Wal::open(dir.path(), &config(1)),
+        open_with(dir.path(), &config(1)),
         Err(WalError::Layout { .. })
     ));
     std::fs::write(&meta, &saved).unwrap();
     // A corrupt ring header.
     let ring = OpenOptions::new()
         .write(true)
-        .open(dir.path().join("ring"))
+        .open(ring_path(dir.path()))
         .unwrap();
     ring.write_all_at(&[0xFF], 30).unwrap();
     assert!(matches!(
-        Wal::open(dir.path(), &config(1)),
+        open_with(dir.path(), &config(1)),
         Err(WalError::Layout { .. })
     ));
     // A ring file of the wrong size.
-    let dir2 = tempfile::tempdir().unwrap();
+    let dir2 = tempdir();
     drop(open(dir2.path()));
     let ring = OpenOptions::new()
         .write(true)
-        .open(dir2.path().join("ring"))
+        .open(ring_path(dir2.path()))
         .unwrap();
     ring.set_len(CONTROL_BLOCK_BYTES as u64 + CAP / 2).unwrap();
     assert!(matches!(
-        Wal::open(dir2.path(), &config(1)),
+        open_with(dir2.path(), &config(1)),
         Err(WalError::Inconsistent { .. })
     ));
     assert!(check(dir2.path()).is_err());
@@ -717,7 +717,7 @@ fn missing_or_corrupt_files_are_errors_not_defaults() {
 
 #[test]
 fn an_interrupted_creation_is_completed() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     Meta::new(0xC0FFEE, 1)
         .store(&dir.path().join("meta"))
         .unwrap();
@@ -727,7 +727,7 @@ fn an_interrupted_creation_is_completed() {
 
 #[test]
 fn bad_configurations_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     for cfg in [
         RingConfig {
             capacity: 3 << 20,
@@ -747,7 +747,7 @@ fn bad_configurations_are_refused() {
         },
     ] {
         assert!(
-            matches!(Wal::open(dir.path(), &cfg), Err(WalError::Config(_))),
+            matches!(open_with(dir.path(), &cfg), Err(WalError::Config(_))),
             "{cfg:?}"
         );
     }
@@ -755,7 +755,7 @@ fn bad_configurations_are_refused() {
 
 #[test]
 fn corruption_below_the_watermark_is_reported_and_checked() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let e = epoch(1, 1);
     let lsn;
     {
@@ -773,16 +773,16 @@ fn corruption_below_the_watermark_is_reported_and_checked() {
     let ring = OpenOptions::new()
         .read(true)
         .write(true)
-        .open(dir.path().join("ring"))
+        .open(ring_path(dir.path()))
         .unwrap();
     let at = CONTROL_BLOCK_BYTES as u64 + lsn + 100;
     let mut b = [0u8];
     ring.read_exact_at(&mut b, at).unwrap();
     ring.write_all_at(&[b[0] ^ 8], at).unwrap();
-    let before = std::fs::read(dir.path().join("ring")).unwrap();
+    let before = std::fs::read(ring_path(dir.path())).unwrap();
     let report = check(dir.path()).unwrap();
     assert_eq!(
-        std::fs::read(dir.path().join("ring")).unwrap(),
+        std::fs::read(ring_path(dir.path())).unwrap(),
         before,
         "check writes nothing"
     );
@@ -806,7 +806,7 @@ fn corruption_below_the_watermark_is_reported_and_checked() {
 
 #[test]
 fn an_unacknowledged_torn_tail_is_not_corruption() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let e = epoch(1, 1);
     let lsn;
     {
@@ -818,7 +818,7 @@ fn an_unacknowledged_torn_tail_is_not_corruption() {
     }
     let ring = OpenOptions::new()
         .write(true)
-        .open(dir.path().join("ring"))
+        .open(ring_path(dir.path()))
         .unwrap();
     ring.write_all_at(&[0u8; 100], CONTROL_BLOCK_BYTES as u64 + lsn + 150)
         .unwrap();
@@ -832,12 +832,12 @@ fn an_unacknowledged_torn_tail_is_not_corruption() {
 
 #[test]
 fn memory_locking_is_attempted_and_never_fatal() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let cfg = RingConfig {
         lock_memory: true,
         ..config(1)
     };
-    let wal = Wal::open(dir.path(), &cfg).unwrap();
+    let wal = open_with(dir.path(), &cfg).unwrap();
     // Whether mlock succeeds depends on RLIMIT_MEMLOCK; either way the ring
     // opened. Report which for the test log.
     eprintln!("memory locked: {}", wal.ring().memory_locked());
@@ -845,7 +845,7 @@ fn memory_locking_is_attempted_and_never_fatal() {
 
 #[test]
 fn commit_hint_round_trips() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let wal = open(dir.path());
     assert_eq!(wal.ring().commit_hint(), None);
     wal.ring().set_commit_hint(Some(0));
@@ -857,7 +857,7 @@ fn commit_hint_round_trips() {
 
 #[test]
 fn a_log_never_purged_may_start_at_any_index() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let e = epoch(2, 1);
     {
         let mut wal = open(dir.path());
@@ -925,7 +925,7 @@ fn a_log_never_purged_may_start_at_any_index() {
 
 #[test]
 fn prepared_adoptions_are_readable_and_commit_only_if_nothing_moved() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let e = epoch(1, 2);
     let mut wal = open(dir.path());
     take_fence(wal.ring(), e);
@@ -975,7 +975,7 @@ fn prepared_adoptions_are_readable_and_commit_only_if_nothing_moved() {
 
 #[test]
 fn a_log_that_began_anywhere_can_be_anchored_right_before_its_first_entry() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempdir();
     let e = epoch(3, 1);
     {
         let mut wal = open(dir.path());

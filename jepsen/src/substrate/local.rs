@@ -43,6 +43,7 @@ impl Local {
                     listen: format!("127.0.0.1:{}", free_port()?),
                     client: format!("127.0.0.1:{}", free_port()?),
                     data_dir: dir.join("data"),
+                    ring_dir: spec.run_dir.join("nodes").join("shm"),
                     log: dir.join("serve.log"),
                     netns: None,
                 },

@@ -145,11 +145,14 @@ pub trait Substrate: Send + Sync {
     fn teardown(&self) -> Result<()>;
 }
 
-/// The `ringraft serve` arguments of node `id`.
+/// The `ringraft serve` arguments of node `id`; its ring in `ring_dir`
+/// (`None`: the daemon's default, /dev/shm).
+#[allow(clippy::too_many_arguments)]
 pub fn serve_args(
     spec: &ClusterSpec,
     id: u64,
     data_dir: &Path,
+    ring_dir: Option<&Path>,
     listen: &str,
     client: &str,
     peers: &str,
@@ -174,6 +177,9 @@ pub fn serve_args(
         "--max-record".into(),
         "65536".into(),
     ];
+    if let Some(ring_dir) = ring_dir {
+        args.extend(["--ring-dir".into(), ring_dir.display().to_string()]);
+    }
     if id == spec.nodes[0] {
         args.push("--bootstrap".into());
     }

@@ -77,6 +77,7 @@ impl Netns {
                     listen: format!("{addr}:{LISTEN_PORT}"),
                     client: format!("{addr}:{CLIENT_PORT}"),
                     data_dir: dir.join("data"),
+                    ring_dir: spec.run_dir.join("nodes").join("shm"),
                     log: dir.join("serve.log"),
                     netns: Some(ns.clone()),
                 },

@@ -26,6 +26,9 @@ pub struct NodePlace {
     pub client: String,
     /// `--data-dir`.
     pub data_dir: PathBuf,
+    /// `--ring-dir`: kept with the run, like the data directory (the tcp
+    /// fabric needs no tmpfs), so that nothing is left in /dev/shm.
+    pub ring_dir: PathBuf,
     /// The daemon's stderr (appended across restarts).
     pub log: PathBuf,
     /// The network namespace to run in, if any.
@@ -101,6 +104,7 @@ impl ProcessCluster {
             &self.spec,
             id,
             &place.data_dir,
+            Some(&place.ring_dir),
             &place.listen,
             &place.client,
             &self.peers,

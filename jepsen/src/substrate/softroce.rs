@@ -134,6 +134,9 @@ impl Substrate for SoftRoce {
             &self.spec,
             id,
             Path::new(&format!("{dir}/data")),
+            // The guest's /dev/shm (a tmpfs, which the rdma device can
+            // register on every kernel).
+            None,
             &self.listen_addr(id),
             &self.client_endpoint(id),
             &self.peers,

@@ -1,7 +1,7 @@
 //! Helpers shared by the wal integration tests.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ringraft_wal::{
     ChainTip, EntryRef, Epoch, LogPos, RecordEncoder, Ring, RingConfig, Wal, WriteBuffer,
@@ -24,8 +24,53 @@ pub fn epoch(term: u64, leader: u64) -> Epoch {
     Epoch::new(term, leader).unwrap()
 }
 
+/// A test's data directory, `<temp>/data`, whose ring dir is `<temp>/shm`
+/// (see [`ring_dir_of`]): rings never land in the machine's /dev/shm, and
+/// both go when the test ends.
+pub struct TestDir {
+    root: tempfile::TempDir,
+    data: PathBuf,
+}
+
+impl TestDir {
+    /// The data directory (created empty).
+    pub fn path(&self) -> &Path {
+        &self.data
+    }
+
+    /// The temporary directory that holds both.
+    pub fn root(&self) -> &Path {
+        self.root.path()
+    }
+}
+
+/// A new [`TestDir`].
+pub fn tempdir() -> TestDir {
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    TestDir { root, data }
+}
+
+/// The ring dir of the tests' data directory `dir`: `shm` beside it.
+pub fn ring_dir_of(dir: &Path) -> PathBuf {
+    dir.parent()
+        .expect("a data directory has a parent")
+        .join("shm")
+}
+
+/// The ring file of data directory `dir`.
+pub fn ring_path(dir: &Path) -> PathBuf {
+    ringraft_wal::ring_path(dir).unwrap()
+}
+
+/// Opens data directory `dir` with `config`, its ring in [`ring_dir_of`].
+pub fn open_with(dir: &Path, config: &RingConfig) -> Result<Wal, ringraft_wal::WalError> {
+    Wal::open(dir, &ring_dir_of(dir), config)
+}
+
 pub fn open(dir: &Path) -> Wal {
-    Wal::open(dir, &config(1)).unwrap()
+    open_with(dir, &config(1)).unwrap()
 }
 
 /// A payload that tells which entry it belongs to.
