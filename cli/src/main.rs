@@ -708,6 +708,7 @@ mod tests {
             assert_eq!(c.peers.len(), 3);
             assert_eq!(c.peers[&id], c.listen);
             assert_eq!(c.data_dir, Path::new("/var/lib/ringraft"));
+            assert_eq!(c.ring_dir, Path::new("/dev/shm"));
             assert!(c.metrics.is_some());
             assert_ne!(c.secret, crate::config::DEV_SECRET);
             configs.push(c);

@@ -45,7 +45,9 @@
 //! highest index this node ever acknowledged, written after the records below
 //! it are durable and made durable by the same msync of the control page that
 //! already carries the fence. Keeping it in the metadata file would cost an
-//! atomic file replacement (two fsyncs) per acknowledged batch.
+//! atomic file replacement (two fsyncs) per acknowledged batch. The ring
+//! lives in shared memory ([`crate::shm`]), so the control words outlive a
+//! killed process, not a reboot.
 
 use crate::error::LayoutError;
 

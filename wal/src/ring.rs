@@ -1,5 +1,12 @@
-//! The file-backed ring: a memory-mapped, preallocated file holding the
-//! control block and the data area (layout in [`crate::layout`]).
+//! The ring: a memory-mapped file holding the control block and the data
+//! area (layout in [`crate::layout`]), its memory reserved when it is
+//! created. The file lives in a shared-memory directory (a tmpfs such as
+//! `/dev/shm`), not in the data directory: [`crate::shm`] names it, binds it
+//! to its data directory and explains why. So the ring, its records and its
+//! control words (fence, head, commit hint, acknowledged watermark) outlive
+//! the process that wrote them, not a reboot; [`crate::Wal::open`] rebuilds
+//! what a reboot took from the durable metadata file. On tmpfs the msyncs
+//! below cost nothing and make nothing durable.
 //!
 //! The ring is the node's log. A leader appends to its own ring with
 //! [`Ring::append`]; a follower's ring is filled by the leader's one-sided
@@ -58,7 +65,9 @@ use crate::validate::{
     ChainTip, Check, Geometry, Invalid, LogPos, validate_header, validate_payload,
 };
 
-/// Name of the ring file in a data directory.
+/// Name of the ring file inside a data directory in the layout before rings
+/// moved to shared memory: [`crate::Wal::open`] moves such a ring into the
+/// ring dir ([`crate::shm`]). Error messages still call the ring "ring".
 pub const RING_FILE: &str = "ring";
 
 /// How a ring is shaped and whose it is.
@@ -1281,6 +1290,9 @@ impl RecordSink for MapSink {
 }
 
 /// Starts the ring from an empty page cache, faulted in page by page.
+///
+/// This matters for a ring file on a disk (a ring dir that is not a tmpfs,
+/// e.g. the wal's own benchmark); on tmpfs both calls do nothing.
 ///
 /// Linux (6.x) caches ext4 files in large folios (up to 2 MiB) when it reads
 /// ahead. A store through the mapping dirties a whole folio, and msync then

@@ -1,5 +1,11 @@
-//! A node's data directory: the ring file and the metadata file, opened and
-//! kept consistent together.
+//! A node's data directory: the metadata file, and the ring file it names
+//! in the ring dir (shared memory, see [`crate::shm`]), opened and kept
+//! consistent together.
+//!
+//! The data directory holds `meta` and `ring-location`; the ring lives in
+//! the ring dir. A reboot clears the ring and keeps the metadata file: the
+//! next open recreates the ring, empty at the purge point, its fence from
+//! the durable vote ([`Recovery::ring_recreated`]).
 //!
 //! The one ordering rule between the two files lives here: a purge stores
 //! the new purge point in the metadata file (durably) *before* it advances

@@ -325,6 +325,11 @@ impl RdmaDevice {
 fn registration_error(device: &str, len: usize, e: std::io::Error) -> TransportError {
     let hint = if e.raw_os_error() == Some(libc::ENOMEM) || e.raw_os_error() == Some(libc::EPERM) {
         " (is RLIMIT_MEMLOCK high enough? `ulimit -l`)"
+    } else if e.raw_os_error() == Some(libc::EFAULT) {
+        // Linux >= 6.5 refuses long-term writable pins of page-cache file
+        // mappings (measured on 6.12 with ext4).
+        " (is it a mapping of a file on a disk? Linux >= 6.5 cannot pin those for remote \
+         writes: keep the ring dir on a tmpfs such as /dev/shm)"
     } else {
         ""
     };
