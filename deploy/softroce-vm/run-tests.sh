@@ -408,6 +408,12 @@ test_multi3_stale_leader_current() {
 SERVE_RAFT_PORT=7100 SERVE_CLIENT_PORT=7101
 SERVE_HEARTBEAT_MS=${SERVE_HEARTBEAT_MS:-1000}     # as jepsen's softroce substrate:
 SERVE_ELECTION_MS=${SERVE_ELECTION_MS:-3000,6000}  # rdma connections are slow to set up under TCG
+# For trying the tests' own pass and fail paths: SERVE_FABRIC=tcp (the
+# software NIC: a follower's process copies the leader's records into its
+# ring) and SERVE_RING_ON_DATA=1 (--ring-dir inside the data directory, a
+# page-cache file there, as before the ring moved to /dev/shm).
+SERVE_FABRIC=${SERVE_FABRIC:-rdma}
+SERVE_RING_ON_DATA=${SERVE_RING_ON_DATA:-0}
 _build_cli() {
     [ -n "${_CLI_BUILT:-}" ] && return 0
     echo "building ringraft (cargo build --release --features rdma -p ringraft-cli)"
@@ -421,12 +427,14 @@ _build_cli() {
 # /tmp/rr/serve.log (copied to $LAB_RESULTS/serve.log when the daemon exits,
 # and by stop).
 _serve_script() {
-    local data=$1 durability=$2 peers="" i
+    local data=$1 durability=$2 peers="" i extra=
     for i in 1 2 3; do peers+="${peers:+,}$i=$(_lab_ip "$i"):$SERVE_RAFT_PORT"; done
+    [ "$SERVE_FABRIC" = rdma ] && extra+=' --rdma-device "$LAB_RXE"'
+    [ "$SERVE_RING_ON_DATA" = 1 ] && extra+=" --ring-dir $data/ring-dir"
     cat <<EOF
 #!/bin/bash
 source '$LAB_DIR/guest-lib.sh'
-D='$data/node'; mkdir -p /tmp/rr "\$D"
+D='$data/node'; mkdir -p /tmp/rr "\$D" '$data/ring-dir'
 pid() { cat /tmp/rr/serve.pid 2>/dev/null; }
 case "\$1" in
 start)
@@ -434,7 +442,7 @@ start)
     boot=; [ "\$LAB_INDEX" = 1 ] && [ ! -e "\$D/.lab-bootstrapped" ] && boot=--bootstrap && touch "\$D/.lab-bootstrapped"
     NO_COLOR=1 RUST_LOG=warn,ringraft=info setsid nohup '$RR_BIN/ringraft' serve --id "\$LAB_INDEX" --data-dir "\$D" \\
         --listen "\$LAB_IP:$SERVE_RAFT_PORT" --client "\$LAB_IP:$SERVE_CLIENT_PORT" --peers '$peers' \\
-        --fabric rdma --rdma-device "\$LAB_RXE" --durability $durability --ring-capacity $((8 << 20)) \\
+        --fabric $SERVE_FABRIC$extra --durability $durability --ring-capacity $((8 << 20)) \\
         --max-record 65536 --heartbeat-ms $SERVE_HEARTBEAT_MS --election-timeout-ms $SERVE_ELECTION_MS \\
         \$boot >> /tmp/rr/serve.log 2>&1 < /dev/null &
     p=\$!
