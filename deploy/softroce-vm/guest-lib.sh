@@ -112,3 +112,46 @@ lab_devinfo_check() {
     grep -q 'state:[[:space:]]*PORT_ACTIVE' <<< "$out" || { echo "not PORT_ACTIVE"; return 1; }
     grep -Eq 'atomic_cap:[[:space:]]*ATOMIC_(HCA|GLOB)' <<< "$out" || { echo "no atomic_cap"; return 1; }
 }
+
+# lab_ext4_loop <dir> [size_mib=256]: an ext4 file system on a loop device
+# whose backing file lives on the guest's tmpfs, mounted at <dir>. Files
+# there are page-cache files of a disk file system, as on a real host (on
+# kernels >= 6.5 a shared mapping of one cannot be registered for remote
+# write). The modules come from the unpacked kernel (built in or loadable).
+lab_ext4_loop() {
+    local dir=$1 mb=${2:-256} img
+    img=/var/tmp/lab-ext4$(printf %s "$dir" | tr / _).img
+    modprobe -a loop ext4 || return 1
+    mkdir -p "$dir" /var/tmp || return 1
+    truncate -s "${mb}M" "$img" && mkfs.ext4 -q -F "$img" && mount -o loop "$img" "$dir" || return 1
+    echo "$dir: $(findmnt -n -o SOURCE,FSTYPE,OPTIONS "$dir")"
+}
+
+# lab_disk_mount <dir>: mount the guest's virtio data disk (/dev/vda, formatted
+# ext4 by the host; lib.sh LAB_DISK_GUESTS) at <dir>. After a crash the mount
+# replays the ext4 journal.
+lab_disk_mount() {
+    local dir=$1 dev=/dev/vda tick f n=0
+    modprobe -a virtio_blk ext4 || return 1
+    f=$(mktemp -u /tmp/lab-disk.XXXXXX); mkfifo "$f"; exec {tick}<> "$f"; rm -f "$f"
+    while [ ! -b "$dev" ] && [ "$n" -lt 100 ]; do read -t 0.1 -u "$tick"; n=$((n + 1)); done
+    exec {tick}<&-
+    [ -b "$dev" ] || { echo "no $dev"; return 1; }
+    mkdir -p "$dir" && mount -t ext4 "$dev" "$dir" || return 1
+    echo "$dir: $(findmnt -n -o SOURCE,FSTYPE,OPTIONS "$dir")"
+}
+
+# lab_watch <pid> <name> <log>: in the background, once process <pid> is
+# gone, copy <log> to $LAB_RESULTS/<name>.log and create
+# $LAB_RESULTS/<name>.exited, so that the host sees at once that a daemon
+# died (and why) without asking the agent.
+lab_watch() {
+    local pid=$1 name=$2 log=$3
+    rm -f "$LAB_RESULTS/$name.exited"
+    (
+        f=$(mktemp -u /tmp/lab-watch.XXXXXX); mkfifo "$f"; exec {tick}<> "$f"; rm -f "$f"
+        while kill -0 "$pid" 2> /dev/null; do read -t 0.5 -u "$tick"; done
+        cp "$log" "$LAB_RESULTS/$name.log" 2> /dev/null
+        date +%s > "$LAB_RESULTS/$name.exited"
+    ) > /dev/null 2>&1 < /dev/null &
+}

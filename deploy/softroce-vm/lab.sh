@@ -10,6 +10,7 @@
 #   lab.sh exec [-t timeout_s] <i> <cmd...>       # run a command in running guest i
 #   lab.sh cut <i> <j> | heal <i> <j> | isolate <i> | rejoin <i>
 #   lab.sh hmp <i> <monitor command>              # e.g. "info network"
+#   lab.sh crash <i> | boot <i> <cmd>             # power guest i off; boot it again
 #   lab.sh status
 #
 # Commands on a running lab use $LAB_RUN if set, else the newest run folder
@@ -21,7 +22,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib.sh
 . "$HERE/lib.sh"
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 find_run() {
     [ -n "${LAB_RUN:-}" ] && return 0
@@ -47,13 +48,14 @@ case "$cmd" in
     kill)     find_run; lab_kill ;;
     exec)     [ $# -ge 2 ] || usage; find_run; lab_exec "$@" ;;
     cut|heal) [ $# = 2 ] || usage; find_run; "lab_$cmd" "$1" "$2" ;;
-    isolate|rejoin) [ $# = 1 ] || usage; find_run; "lab_$cmd" "$1" ;;
+    isolate|rejoin|crash) [ $# = 1 ] || usage; find_run; "lab_$cmd" "$1" ;;
+    boot)     [ $# = 2 ] || usage; find_run; lab_boot "$1" "$2" ;;
     hmp)      [ $# = 2 ] || usage; find_run
               n0=$(wc -l < "$LAB_RUN/g$1.monitor.log")
               lab_hmp "$1" "$2" && sleep 1 &&       # the answer, without readline echo
                   tail -n +"$((n0 + 1))" "$LAB_RUN/g$1.monitor.log" | grep -v $'\e' | grep -v '^(qemu)' ;;
     status)   find_run; . "$LAB_RUN/lab.env"
-              echo "LAB_RUN=$LAB_RUN topology=$LAB_TOPOLOGY n=$LAB_N share=$LAB_SHARE"
+              echo "LAB_RUN=$LAB_RUN topology=$LAB_TOPOLOGY n=$LAB_N share=$LAB_SHARE kernel=${LAB_KVER:-?}"
               for ((i = 1; i <= LAB_N; i++)); do
                   printf 'guest %d %s: %s\n' "$i" "$(_lab_ip "$i")" \
                       "$(_lab_alive "$i" && echo running || echo stopped)$([ -f "$LAB_SHARE/g$i/rc" ] && echo ", status $(cat "$LAB_SHARE/g$i/rc")")"

@@ -41,18 +41,25 @@ LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 : "${LAB_QUIET:=0}"                  # 1: lab_wait does not print guest output
 : "${LAB_PASS_ENV:=}"                # names of host variables copied into the guests
 : "${LAB_LOCK_WAIT:=600}"            # seconds to wait while another multi lab runs
+: "${LAB_GUEST_KERNEL:=default}"     # default (6.1) | current (6.12): see setup.sh
+: "${LAB_DISK_GUESTS:=}"             # guests that get a virtio data disk (indexes)
+: "${LAB_DISK_MB:=256}"              # its size (a sparse host file, ext4)
+: "${LAB_DISK_CACHE:=}"              # QEMU cache mode of the disk (empty: none, else writeback)
 
 _lab_log() { printf '[lab %s] %s\n' "$(date +%T)" "$*" >&2; }
 
-# lab_setup: run setup.sh (idempotent) and load cache/kernel.env.
+# lab_setup: run setup.sh (idempotent; it prepares every kernel) and load
+# the env file of the kernel LAB_GUEST_KERNEL names (default | current).
 lab_setup() {
     local -; set +e +u +o pipefail          # callers may run with set -euo pipefail
     if [ -z "${_LAB_SETUP_DONE:-}" ]; then
         "$LAB_DIR/setup.sh" || return 1
         _LAB_SETUP_DONE=1
     fi
+    [ -f "$LAB_CACHE/kernel-$LAB_GUEST_KERNEL.env" ] || {
+        _lab_log "no kernel '$LAB_GUEST_KERNEL' prepared (LAB_KERNELS of setup.sh)"; return 1; }
     # shellcheck disable=SC1091
-    . "$LAB_CACHE/kernel.env"
+    . "$LAB_CACHE/kernel-$LAB_GUEST_KERNEL.env"
 }
 
 # ------------------------------------------------------------ run state
@@ -138,6 +145,10 @@ _lab_qemu() {   # <i> <hard_timeout_s>: start guest i in the background
     else
         smp=$LAB_LOOPBACK_SMP; mem=$LAB_LOOPBACK_MEM
     fi
+    if _lab_has_disk "$i"; then
+        net+=(-drive "file=$LAB_RUN/g$i.disk.img,if=none,id=d0,format=raw,cache=$LAB_DISK_CACHE,aio=threads"
+              -device "virtio-blk-pci,drive=d0,serial=labdisk")
+    fi
     rm -f "$LAB_RUN/g$i.mon.in" "$LAB_RUN/g$i.mon.out"
     mkfifo "$LAB_RUN/g$i.mon.in" "$LAB_RUN/g$i.mon.out"
     # QEMU opens both FIFOs read-write; drain its monitor output.
@@ -159,6 +170,29 @@ _lab_qemu() {   # <i> <hard_timeout_s>: start guest i in the background
 }
 
 _lab_alive() { local p; p=$(cat "$LAB_RUN/g$1.pid" 2>/dev/null) && kill -0 "$p" 2>/dev/null; }
+_lab_has_disk() { [[ " $LAB_DISK_GUESTS " == *" $1 "* ]]; }
+
+# A data disk for guest i: a sparse host file formatted ext4 on the host,
+# attached as virtio-blk (/dev/vda in the guest; guest-lib's lab_disk_mount).
+# Cache mode: `none` (O_DIRECT: no host page cache, the guest's flushes
+# become fdatasync of the file) where the host file system takes O_DIRECT,
+# else `writeback` (host page cache; flushes still honoured). Never
+# `unsafe` (ignores flushes) nor `writethrough`/`directsync` (every write
+# stable: a guest that forgets to flush would not be caught).
+_lab_make_disk() {   # <i>
+    local img="$LAB_RUN/g$1.disk.img"
+    truncate -s "${LAB_DISK_MB}M" "$img" || return 1
+    mkfs.ext4 -q -F -L "labdisk$1" "$img" || return 1
+    if [ -z "$LAB_DISK_CACHE" ]; then
+        if dd if="$img" of=/dev/null bs=4096 count=1 iflag=direct status=none 2>/dev/null; then
+            LAB_DISK_CACHE=none
+        else
+            LAB_DISK_CACHE=writeback
+        fi
+    fi
+    printf 'LAB_DISK_GUESTS=%q\nLAB_DISK_CACHE=%q\n' "$LAB_DISK_GUESTS" "$LAB_DISK_CACHE" >> "$LAB_RUN/lab.env"
+    _lab_log "guest $1: data disk $img (${LAB_DISK_MB} MiB, ext4, cache=$LAB_DISK_CACHE)"
+}
 
 _lab_trap_install() {
     [ "${LAB_NO_TRAP:-0}" = 1 ] && return 0
@@ -214,6 +248,8 @@ lab_start() {
     {
         printf 'LAB_TOPOLOGY=%q\nLAB_N=%q\nLAB_SHARE=%q\nLAB_BRIDGE=%q\nLAB_NET=%q\n' \
             "$topo" "$n" "$LAB_SHARE" "$LAB_BRIDGE" "$LAB_NET"
+        printf 'LAB_GUEST_KERNEL=%q\nLAB_KVER=%q\nLAB_KERNEL=%q\nLAB_INITRD=%q\nLAB_MODDIR=%q\n' \
+            "$LAB_GUEST_KERNEL" "$LAB_KVER" "$LAB_KERNEL" "$LAB_INITRD" "$LAB_MODDIR"
     } > "$LAB_RUN/lab.env"
     _lab_trap_install
     if [ "$topo" = multi ]; then
@@ -232,16 +268,26 @@ lab_start() {
         echo "pid $$ run $LAB_RUN since $(date +%T)" > "$lock"
         _lab_net_up "$n" || { _lab_log "network setup failed"; lab_kill; return 1; }
     fi
+    for ((i = 1; i <= n; i++)); do
+        if _lab_has_disk "$i"; then _lab_make_disk "$i" || { lab_kill; return 1; }; fi
+    done
     hard=$((LAB_BOOT_TIMEOUT + ${LAB_HARD_TIMEOUT:-$((LAB_TIMEOUT + 120))}))
     t0=$(date +%s.%N)
     for ((i = 1; i <= n; i++)); do
         _lab_write_guest "$i" "${!i}"
         _lab_qemu "$i" "$hard"
     done
-    _lab_log "started $n $topo guest(s) in $LAB_RUN"
+    _lab_log "started $n $topo guest(s) in $LAB_RUN, kernel $LAB_KVER"
+    _lab_wait_ready "$t0" $(seq 1 "$n") || { lab_kill; return 1; }
+}
+
+# _lab_wait_ready <t0> <i...>: until guests i... are ready (0), or one died
+# or LAB_BOOT_TIMEOUT passed since t0 (1, consoles printed).
+_lab_wait_ready() {
+    local t0=$1 i ready now; shift
     while :; do
         ready=0
-        for ((i = 1; i <= n; i++)); do
+        for i in "$@"; do
             if [ -f "$LAB_SHARE/g$i/ready" ]; then
                 if [ ! -f "$LAB_RUN/g$i.boot" ]; then
                     now=$(date +%s.%N)
@@ -250,17 +296,60 @@ lab_start() {
                 fi
                 ready=$((ready + 1))
             elif ! _lab_alive "$i"; then
-                _lab_log "guest $i died while booting"; _lab_dump_console "$i"; lab_kill; return 1
+                _lab_log "guest $i died while booting"; _lab_dump_console "$i"; return 1
             fi
         done
-        [ "$ready" = "$n" ] && return 0
+        [ "$ready" = "$#" ] && return 0
         if awk -v a="$t0" -v b="$(date +%s.%N)" -v t="$LAB_BOOT_TIMEOUT" 'BEGIN{exit !(b-a > t)}'; then
             _lab_log "guests not ready after ${LAB_BOOT_TIMEOUT}s"
-            for ((i = 1; i <= n; i++)); do [ -f "$LAB_SHARE/g$i/ready" ] || _lab_dump_console "$i"; done
-            lab_kill; return 1
+            for i in "$@"; do [ -f "$LAB_SHARE/g$i/ready" ] || _lab_dump_console "$i"; done
+            return 1
         fi
         sleep 0.2
     done
+}
+
+# lab_crash <i>: power guest i off at once, as a machine crash would: QEMU
+# quits through its monitor (HMP `quit`) without telling the guest, so the
+# guest's RAM (its page cache, dirty pages not yet written back) is gone;
+# what reached its virtual disk stays in the host file. SIGKILL if QEMU is
+# still there after 10 s. The guest's console log and share folder are kept
+# (renamed *.crash<k>) for lab_boot.
+lab_crash() {
+    local -; set +e +u +o pipefail          # callers may run with set -euo pipefail
+    local i=$1 k end p
+    _lab_load || return 1
+    _lab_alive "$i" || { _lab_log "lab_crash $i: guest not running"; return 1; }
+    lab_hmp "$i" quit
+    end=$((SECONDS + 10))
+    while _lab_alive "$i" && [ "$SECONDS" -lt "$end" ]; do sleep 0.05; done
+    if _lab_alive "$i"; then
+        _lab_log "lab_crash $i: QEMU still up after quit: SIGKILL"
+        p=$(cat "$LAB_RUN/g$i.qemu.pid" 2>/dev/null) && kill -KILL "$p" 2>/dev/null
+        p=$(cat "$LAB_RUN/g$i.pid" 2>/dev/null) && kill -KILL "$p" 2>/dev/null
+    fi
+    p=$(cat "$LAB_RUN/g$i.drain.pid" 2>/dev/null) && kill "$p" 2>/dev/null
+    k=1; while [ -e "$LAB_RUN/g$i.console.log.crash$k" ]; do k=$((k + 1)); done
+    mv "$LAB_RUN/g$i.console.log" "$LAB_RUN/g$i.console.log.crash$k" 2>/dev/null
+    mv "$LAB_RUN/g$i.boot" "$LAB_RUN/g$i.boot.crash$k" 2>/dev/null
+    mv "$LAB_SHARE/g$i" "$LAB_SHARE/crash$k-g$i"
+    _lab_log "crashed guest $i (QEMU quit; share folder kept as $LAB_SHARE/crash$k-g$i)"
+}
+
+# lab_boot <i> <cmd>: boot guest i again (after lab_crash) in the running
+# lab, same network place, same data disk, with a new command; returns once
+# it is ready (0) or it failed to boot (1).
+lab_boot() {
+    local -; set +e +u +o pipefail          # callers may run with set -euo pipefail
+    local i=$1 cmd=$2 hard t0
+    _lab_load || return 1                   # the run's kernel and disks come from lab.env
+    _lab_alive "$i" && { _lab_log "lab_boot $i: guest is running"; return 1; }
+    hard=$((LAB_BOOT_TIMEOUT + ${LAB_HARD_TIMEOUT:-$((LAB_TIMEOUT + 120))}))
+    t0=$(date +%s.%N)
+    _lab_write_guest "$i" "$cmd"
+    _lab_qemu "$i" "$hard"
+    _lab_log "booting guest $i again (kernel $LAB_KVER)"
+    _lab_wait_ready "$t0" "$i"
 }
 
 _lab_dump_console() {

@@ -11,11 +11,10 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use ringraft_wal::layout::CONTROL_BLOCK_BYTES;
-use ringraft_wal::ring::RING_FILE;
 use ringraft_wal::{EntryRef, Epoch, LogPos, RecordEncoder, RingConfig, Wal, WriteBuffer};
 use ringraft_wal_fuzz::{
     ADOPT_PURGE, ADOPT_RESEAL, AdoptInput, DirInput, RESEAL_HEADER, RESEAL_META, RESEAL_RECORDS,
-    adopt_config, adopt_setup,
+    adopt_config, adopt_setup, ring_dir_of,
 };
 
 const CAP: u64 = 1 << 20;
@@ -70,16 +69,23 @@ fn append(wal: &mut Wal, e: Epoch, term: u64, n: u64, len: impl Fn(u64) -> usize
 
 /// Builds a data directory with `build`, then describes it as an input.
 fn dir_seed(build: impl FnOnce(&Path)) -> DirInput {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    build(dir.path());
-    DirInput::from_dir(dir.path(), RESEAL_META | RESEAL_HEADER | RESEAL_RECORDS)
+    let root = tempfile::tempdir().expect("a temporary directory");
+    let dir = root.path().join("data");
+    fs::create_dir(&dir).expect("a data directory");
+    build(&dir);
+    DirInput::from_dir(&dir, RESEAL_META | RESEAL_HEADER | RESEAL_RECORDS)
+}
+
+/// Opens data directory `d` of a seed, its ring beside it.
+fn open(d: &Path, config: &RingConfig) -> Wal {
+    Wal::open(d, &ring_dir_of(d), config).expect("open a seed's data directory")
 }
 
 fn flip(dir: &Path, lsn: u64, offset: u64) {
     let file = fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .open(dir.join(RING_FILE))
+        .open(ringraft_wal::ring_path(dir).expect("a ring"))
         .expect("open the ring file");
     let at = CONTROL_BLOCK_BYTES as u64 + lsn % CAP + offset;
     let mut byte = [0u8];
@@ -91,14 +97,11 @@ fn dir_seeds() -> Vec<(&'static str, DirInput)> {
     let e1 = epoch(1, 1);
     let e2 = epoch(2, 2);
     let mut seeds = vec![
-        (
-            "empty",
-            dir_seed(|d| drop(Wal::open(d, &config()).unwrap())),
-        ),
+        ("empty", dir_seed(|d| drop(open(d, &config())))),
         (
             "clean",
             dir_seed(|d| {
-                let mut wal = Wal::open(d, &config()).unwrap();
+                let mut wal = open(d, &config());
                 take_fence(&wal, e1);
                 append(&mut wal, e1, 1, 40, |i| (i * 37 % 300) as usize);
                 wal.ring_mut().sync_and_ack(39).unwrap();
@@ -107,7 +110,7 @@ fn dir_seeds() -> Vec<(&'static str, DirInput)> {
         (
             "wrapped-and-purged",
             dir_seed(|d| {
-                let mut wal = Wal::open(d, &config()).unwrap();
+                let mut wal = open(d, &config());
                 take_fence(&wal, e1);
                 append(&mut wal, e1, 1, 300, |_| 8000);
                 let last = wal.ring().next_index() - 1;
@@ -122,7 +125,7 @@ fn dir_seeds() -> Vec<(&'static str, DirInput)> {
         (
             "two-epochs",
             dir_seed(|d| {
-                let mut wal = Wal::open(d, &config()).unwrap();
+                let mut wal = open(d, &config());
                 take_fence(&wal, e1);
                 append(&mut wal, e1, 1, 10, |i| i as usize);
                 take_fence(&wal, e2);
@@ -133,7 +136,7 @@ fn dir_seeds() -> Vec<(&'static str, DirInput)> {
         (
             "begun-at-1000",
             dir_seed(|d| {
-                let mut wal = Wal::open(d, &config()).unwrap();
+                let mut wal = open(d, &config());
                 take_fence(&wal, e1);
                 let entry = EntryRef {
                     term: 1,
@@ -151,7 +154,7 @@ fn dir_seeds() -> Vec<(&'static str, DirInput)> {
     // CRCs: no reseal of records.
     for (name, acked, victim) in [("torn-tail", 18, 19), ("corrupt-below-watermark", 19, 10)] {
         let mut input = dir_seed(|d| {
-            let mut wal = Wal::open(d, &config()).unwrap();
+            let mut wal = open(d, &config());
             take_fence(&wal, e1);
             append(&mut wal, e1, 1, 20, |_| 200);
             wal.ring_mut().sync_and_ack(acked).unwrap();
@@ -174,7 +177,7 @@ fn adopt_seeds() -> Vec<(&'static str, AdoptInput)> {
     ] {
         // Replay the target's setup to learn the tail a leader writes at.
         let dir = tempfile::tempdir().unwrap();
-        let mut wal = Wal::open(dir.path(), &adopt_config()).unwrap();
+        let mut wal = open(&dir.path().join("data"), &adopt_config());
         adopt_setup(&mut wal, local_entries, flags & ADOPT_PURGE != 0);
         let ring = wal.ring();
         let writer = epoch(2, 2);

@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 use ringraft_wal::{AdoptRequest, Epoch, Wal};
 use ringraft_wal_fuzz::{
     ADOPT_OFF_TAIL, ADOPT_PURGE, ADOPT_RESEAL, AdoptInput, adopt_config, adopt_setup, clear_dir,
-    place_wrapping, reseal_records, scratch_dir,
+    place_wrapping, reseal_records, ring_dir_of, scratch_dir,
 };
 
 fuzz_target!(|input: &[u8]| {
@@ -16,7 +16,7 @@ fuzz_target!(|input: &[u8]| {
     let dir = scratch_dir();
     clear_dir(dir);
     let config = adopt_config();
-    let mut wal = Wal::open(dir, &config).expect("a fresh data directory");
+    let mut wal = Wal::open(dir, &ring_dir_of(dir), &config).expect("a fresh data directory");
     adopt_setup(
         &mut wal,
         input.local_entries,
@@ -90,7 +90,7 @@ fuzz_target!(|input: &[u8]| {
     drop(wal);
 
     // Recovery finds at least what was adopted, unchanged.
-    let wal = Wal::open(dir, &config).expect("reopen");
+    let wal = Wal::open(dir, &ring_dir_of(dir), &config).expect("reopen");
     let ring = wal.ring();
     assert!(ring.tail_lsn() >= tail, "recovery lost adopted bytes");
     for (index, term, payload) in adopted {

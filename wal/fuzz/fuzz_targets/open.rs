@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 use ringraft_wal::layout::{MAX_NODE_ID, MAX_TERM};
 use ringraft_wal::record::EncodeError;
 use ringraft_wal::{EntryRef, Epoch, LayoutError, Recovery, Wal, WalError, check};
-use ringraft_wal_fuzz::{DirInput, scratch_dir};
+use ringraft_wal_fuzz::{DirInput, ring_dir_of, scratch_dir};
 
 /// What must not change when the same files are recovered again.
 fn summary(recovery: &Recovery) -> impl PartialEq + std::fmt::Debug {
@@ -43,7 +43,7 @@ fuzz_target!(|input: &[u8]| {
     let written = DirInput::parse(input).write_to(dir);
     let config = written.config;
     let checked = check(dir);
-    let Ok(wal) = Wal::open(dir, &config) else {
+    let Ok(wal) = Wal::open(dir, &ring_dir_of(dir), &config) else {
         return;
     };
     let recovery = *wal.recovery();
@@ -71,7 +71,7 @@ fuzz_target!(|input: &[u8]| {
     drop(wal);
 
     // The same files recover the same log.
-    let mut wal = match Wal::open(dir, &config) {
+    let mut wal = match Wal::open(dir, &ring_dir_of(dir), &config) {
         Ok(wal) => wal,
         Err(err) if out_of_incarnations(&err) => return,
         Err(err) => panic!("opened once, then refused: {err}"),
@@ -110,7 +110,7 @@ fuzz_target!(|input: &[u8]| {
     }
     wal.ring_mut().sync().expect("sync");
     drop(wal);
-    let wal = match Wal::open(dir, &config) {
+    let wal = match Wal::open(dir, &ring_dir_of(dir), &config) {
         Ok(wal) => wal,
         Err(err) if out_of_incarnations(&err) => return,
         Err(err) => panic!("appended, then refused: {err}"),

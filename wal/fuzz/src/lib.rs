@@ -117,7 +117,10 @@ impl DirInput {
     }
 
     /// Writes the metadata and ring files into `dir` (replacing them),
-    /// resealing the CRCs the flags ask for.
+    /// resealing the CRCs the flags ask for. The ring is written where a
+    /// data directory of the layout before shared memory had it
+    /// (`<dir>/ring`): `Wal::open` moves it into the ring dir, `check` reads
+    /// it in place.
     pub fn write_to(&self, dir: &Path) -> Written {
         let capacity = self.capacity();
         let mut meta = self.meta;
@@ -136,6 +139,9 @@ impl DirInput {
         if self.flags & RESEAL_RECORDS != 0 {
             reseal_records(area);
         }
+        // What an earlier run left (a ring moved into the ring dir and the
+        // record naming it) would be found before `<dir>/ring`.
+        clear_dir(dir);
         fs::write(dir.join(META_FILE), meta).expect("write the metadata file");
         fs::write(dir.join(RING_FILE), &ring).expect("write the ring file");
         Written {
@@ -160,7 +166,8 @@ impl DirInput {
             .expect("read the metadata file")
             .try_into()
             .expect("a 128-byte metadata file");
-        let ring = fs::read(dir.join(RING_FILE)).expect("read the ring file");
+        let ring =
+            fs::read(ringraft_wal::ring_path(dir).expect("a ring")).expect("read the ring file");
         let area = &ring[CONTROL_BLOCK_BYTES..];
         let capacity = area.len() as u64;
         assert!(capacity <= MAX_FUZZ_CAPACITY, "a ring too large to fuzz");
@@ -348,31 +355,48 @@ pub fn adopt_setup(wal: &mut Wal, local_entries: u8, purge: bool) {
     }
 }
 
-/// A directory for this process's runs, in /dev/shm when there is one
-/// (every run rewrites a megabyte and the wal fsyncs it), removed at exit
-/// only if the process ends normally.
+/// A data directory for this process's runs, `<scratch>/data`, whose ring
+/// dir is `<scratch>/shm` ([`ring_dir_of`]); the scratch directory is in
+/// /dev/shm when there is one (every run rewrites a megabyte and the wal
+/// fsyncs it), removed at exit only if the process ends normally.
 pub fn scratch_dir() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| {
+    static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &DIR.get_or_init(|| {
         let shm = Path::new("/dev/shm");
         let parent = if shm.is_dir() {
             shm.to_path_buf()
         } else {
             std::env::temp_dir()
         };
-        tempfile::Builder::new()
+        let root = tempfile::Builder::new()
             .prefix("ringraft-wal-fuzz-")
             .tempdir_in(parent)
-            .expect("a scratch directory")
+            .expect("a scratch directory");
+        let data = root.path().join("data");
+        fs::create_dir(&data).expect("a scratch data directory");
+        (root, data)
     })
-    .path()
+    .1
 }
 
-/// Empties `dir` (a scratch directory) of the wal's files.
+/// The ring dir of a fuzzed data directory: `shm` beside it.
+pub fn ring_dir_of(dir: &Path) -> PathBuf {
+    dir.parent()
+        .expect("a data directory has a parent")
+        .join("shm")
+}
+
+/// Empties `dir` (a scratch data directory) and its ring dir of the wal's
+/// files.
 pub fn clear_dir(dir: &Path) {
-    for entry in fs::read_dir(dir).expect("read the scratch directory") {
-        let path: PathBuf = entry.expect("a directory entry").path();
-        fs::remove_file(&path).expect("remove a scratch file");
+    for d in [dir.to_path_buf(), ring_dir_of(dir)] {
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries {
+            let path: PathBuf = entry.expect("a directory entry").path();
+            fs::remove_file(&path).expect("remove a scratch file");
+        }
     }
 }
 
