@@ -641,6 +641,9 @@ _crash_disk_check() {
     local report=$1 first last lo hi acked_word; shift
     sed 's/^/    | /' "$report"
     read -r first last <<< "$(sed -n 's/^valid range[[:space:]]*index \([0-9]*\)\.\.=\([0-9]*\).*/\1 \2/p' "$report")"
+    # After the crash the ring (shared memory) is gone: the log is the
+    # segments, whose line names the range.
+    [ -n "$last" ] || read -r first last <<< "$(sed -n 's/^segments[[:space:]].*: index \([0-9]*\)\.\.=\([0-9]*\).*/\1 \2/p' "$report")"
     lo=$(cat "$@" | cut -d' ' -f1 | sort -n | head -n1); hi=$(cat "$@" | cut -d' ' -f1 | sort -n | tail -n1)
     acked_word=$(sed -n 's/^acknowledged[[:space:]]*//p' "$report")
     echo "  acknowledged to clients: indexes $lo..=$hi; the crashed node's log: ${first:-?}..=${last:-?} (its own watermark: ${acked_word:-?})"
