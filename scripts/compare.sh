@@ -150,6 +150,11 @@ stop_cluster() {
     if [[ -n $CLUSTER_DIR && $KEEP == 0 ]]; then
         rm -rf "$CLUSTER_DIR"
     fi
+    # The rings live in shared memory, in a ring dir of this run's own.
+    if [[ -n $RING_DIR ]]; then
+        rm -rf "$RING_DIR"
+        RING_DIR=""
+    fi
     CLUSTER_DIR=""
     CLUSTER_LOGS=()
 }
@@ -167,6 +172,7 @@ cleanup() {
     fi
     exit "$rc"
 }
+RING_DIR=""
 trap cleanup EXIT
 trap 'printf "\n[compare] interrupted\n" >&2; exit 130' INT TERM
 
@@ -290,10 +296,12 @@ start_ringraft() { # durability tag
     for i in 0 1 2; do
         peers+="${peers:+,}$((i + 1))=127.0.0.1:${RAFT_PORTS[$i]}"
     done
+    RING_DIR="$(mktemp -d /dev/shm/ringraft-compare.XXXXXX)"
     for i in 0 1 2; do
         local log="$CLUSTER_DIR/n$((i + 1)).log" bootstrap=()
         ((i == 0)) && bootstrap=(--bootstrap)
         RUST_LOG=warn "$RINGRAFT" serve --id $((i + 1)) --data-dir "$CLUSTER_DIR/n$((i + 1))" \
+            --ring-dir "$RING_DIR" \
             --listen "127.0.0.1:${RAFT_PORTS[$i]}" --client "127.0.0.1:${CLIENT_PORTS[$i]}" \
             --peers "$peers" --fabric tcp --durability "$durability" \
             "${bootstrap[@]}" >"$log" 2>&1 &
