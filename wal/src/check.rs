@@ -255,11 +255,7 @@ pub fn check(dir: &Path) -> Result<CheckReport> {
                 None,
             )?;
             let purged = meta.purged.map(|p| p.log);
-            let last = match (segments.last, purged) {
-                (Some(d), Some(p)) if p.index > d.index => Some(p),
-                (Some(d), _) => Some(d),
-                (None, p) => p,
-            };
+            let last = crate::ring::durable_end(segments.last, purged);
             return Ok(CheckReport {
                 dir: dir.to_path_buf(),
                 ring: ring_path,
@@ -367,11 +363,7 @@ pub fn check(dir: &Path) -> Result<CheckReport> {
     );
     // Where the log stands without the ring, and with it.
     let durable_last = segments.as_ref().and_then(|s| s.last);
-    let base = match (durable_last, purged) {
-        (Some(d), Some(p)) if p.index > d.index => Some(p),
-        (Some(d), _) => Some(d),
-        (None, p) => p,
-    };
+    let base = crate::ring::durable_end(durable_last, purged);
     let anchor = match report.entries.first() {
         Some(first) => first.index.checked_sub(1).and(base),
         None => base,

@@ -172,6 +172,16 @@ pub struct RecordView<'a> {
     pub payload: &'a [u8],
 }
 
+/// Where a log stands without its ring: the segments' last entry, or the
+/// purge point when that lies beyond it (a snapshot was installed).
+pub fn durable_end(durable_last: Option<LogPos>, purged: Option<LogPos>) -> Option<LogPos> {
+    match (durable_last, purged) {
+        (Some(d), Some(p)) if p.index > d.index => Some(p),
+        (Some(d), _) => Some(d),
+        (None, p) => p,
+    }
+}
+
 /// How [`Ring::anchor_on`] joined the ring to the durable log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Anchoring {
@@ -886,7 +896,7 @@ impl Ring {
             .map_err(|e| WalError::Conflict(format!("purge to {upto:?} refused: {e}")))?;
         if self.anchor.is_none() && !self.slots.is_empty() && upto.index < self.first_index {
             // A log that began at an arbitrary index gets its purge point
-            // right before its first entry (see `Ring::anchor_first`).
+            // right before its first entry (see `Ring::needs_anchor`).
             if upto.index + 1 != self.first_index {
                 return Err(WalError::Conflict(format!(
                     "purge to {upto:?} leaves a gap before the first entry {}",
@@ -924,69 +934,11 @@ impl Ring {
         }))
     }
 
-    /// True when the log began at an arbitrary index and has no purge point:
-    /// a purge right before its first entry must [`Ring::anchor_first`].
+    /// True when the log began at an arbitrary index and has no purge point
+    /// (recovery accepts its first record after a purge right before it
+    /// without knowing the purged entry's term: [`Ring::anchor_on`]).
     pub fn needs_anchor(&self) -> bool {
         self.anchor.is_none() && !self.slots.is_empty()
-    }
-
-    /// Prepares an unanchored log for the purge point `upto` right before its
-    /// first entry: the first record (and a wrap marker in front of it) was
-    /// written with no previous entry, so its `prev_term` is rewritten to
-    /// `upto.term` and the record re-sealed, then synced, so that recovery
-    /// from the purge point checks the chain. Call before the metadata names
-    /// the purge point.
-    pub fn anchor_first(&mut self, upto: LogPos) -> Result<()> {
-        assert!(
-            self.needs_anchor(),
-            "anchor_first on an anchored or empty log"
-        );
-        if upto.index.checked_add(1) != Some(self.first_index) {
-            return Err(WalError::Conflict(format!(
-                "purge point {upto:?} is not right before the first entry {}",
-                self.first_index
-            )));
-        }
-        let mut lsn = self.head_lsn;
-        loop {
-            let mut header = self.stored_header(lsn);
-            if header.kind == RecordKind::Entry && header.term < upto.term {
-                return Err(WalError::Conflict(format!(
-                    "purge point {upto:?} has a term above the first entry's {}",
-                    header.term
-                )));
-            }
-            header.prev_term = upto.term;
-            if header.kind == RecordKind::Wrap {
-                header.term = upto.term;
-            }
-            let payload = self
-                .bytes(
-                    lsn + RECORD_HEADER_BYTES as u64,
-                    header.payload_len as usize,
-                )
-                .to_vec();
-            let sealed = header.seal(&payload);
-            let physical = self.geometry.physical(lsn) as usize;
-            // SAFETY: in bounds (a header of an owned record); owned records
-            // are not remotely written.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    sealed.as_ptr(),
-                    self.data_ptr().add(physical),
-                    RECORD_HEADER_BYTES,
-                )
-            };
-            self.mark_dirty(lsn, lsn + RECORD_HEADER_BYTES as u64);
-            if header.kind == RecordKind::Entry {
-                break;
-            }
-            lsn = self
-                .geometry
-                .next_lap(lsn)
-                .expect("an owned wrap marker has a next lap");
-        }
-        self.sync_data()
     }
 
     /// Purges up to `point` (from [`Ring::purge_point`]) and advances `head`.
@@ -1187,11 +1139,7 @@ impl Ring {
         durable_term: impl Fn(u64) -> Option<u64>,
     ) -> Anchoring {
         // Where the log stands without the ring.
-        let base = match (durable_last, purged) {
-            (Some(d), Some(p)) if p.index > d.index => Some(p),
-            (Some(d), _) => Some(d),
-            (None, p) => p,
-        };
+        let base = durable_end(durable_last, purged);
         if let Some(p) = purged {
             self.release_through(p.index);
         }
