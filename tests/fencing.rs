@@ -182,6 +182,7 @@ fn entries(term: u64, indexes: std::ops::RangeInclusive<u64>, tag: &str) -> Vec<
                 Command {
                     session: None,
                     data: format!("{tag}-{index}").into_bytes(),
+                    control: None,
                 },
             )
         })

@@ -14,7 +14,7 @@ use crate::proto::log_client::LogClient;
 use crate::proto::{
     AddLearnerRequest, AppendRequest, Consistency, FollowRequest, Member, MembersRequest,
     PromoteRequest, ReadRequest, Record, RemoveRequest, StatusRequest, StatusResponse,
-    TransferLeaderRequest,
+    TransferLeaderRequest, TrimRequest,
 };
 
 /// Largest message the client sends or accepts (the daemon's limit too).
@@ -375,6 +375,17 @@ impl Client {
             c.transfer_leader(api(TransferLeaderRequest { to }))
                 .await
                 .map(|_| ())
+        })
+        .await
+    }
+
+    /// Trims the log below `before` on every node; returns the first index
+    /// kept (see the `Trim` call of `log.proto`).
+    pub async fn trim(&mut self, before: u64) -> Result<u64, ClientError> {
+        self.with_retry(|mut c| async move {
+            c.trim(api(TrimRequest { before }))
+                .await
+                .map(|r| r.into_inner().first_index)
         })
         .await
     }

@@ -67,6 +67,14 @@ pub struct ServeArgs {
     /// Heartbeat interval in ms.
     #[arg(long)]
     pub heartbeat_ms: Option<u64>,
+    /// Retention by size: keep at most this much of the log on disk
+    /// (e.g. 256MiB, 10GB); the leader trims the oldest records beyond it.
+    #[arg(long)]
+    pub retain_bytes: Option<String>,
+    /// Retention by age: trim segments of the log last written longer ago
+    /// than this (e.g. 7d, 12h).
+    #[arg(long)]
+    pub retain_age: Option<String>,
     /// TOML file with the same keys as the flags (flags win).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -94,6 +102,8 @@ struct FileConfig {
     log_format: Option<String>,
     election_timeout_ms: Option<String>,
     heartbeat_ms: Option<u64>,
+    retain_bytes: Option<String>,
+    retain_age: Option<String>,
 }
 
 /// The secret used when no --secret-file is given (development only: the
@@ -132,6 +142,20 @@ pub struct Config {
     pub json_logs: bool,
     pub election_timeout_ms: (u64, u64),
     pub heartbeat_ms: u64,
+    pub retain_bytes: Option<u64>,
+    pub retain_age: Option<std::time::Duration>,
+}
+
+/// Smallest `--retain-bytes`: one segment's worth would be trimmed as soon
+/// as it is written.
+pub const MIN_RETAIN_BYTES: u64 = 1 << 20;
+
+/// Parses a byte count with an optional unit (`256MiB`, `10GB`, `4096`).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    s.trim()
+        .parse::<bytesize::ByteSize>()
+        .map(|b| b.as_u64())
+        .map_err(|e| format!("{s:?} is not a byte count (like 256MiB or 10GB): {e}"))
 }
 
 /// Parses `id=host:port,...`.
@@ -273,6 +297,30 @@ impl ServeArgs {
         if heartbeat_ms == 0 || heartbeat_ms >= election_timeout_ms.0 {
             return Err("--heartbeat-ms must be below the election timeout".into());
         }
+        let retain_bytes = match self.retain_bytes.or(file.retain_bytes) {
+            Some(s) => {
+                let bytes = parse_bytes(&s).map_err(|e| format!("--retain-bytes: {e}"))?;
+                if bytes < MIN_RETAIN_BYTES {
+                    return Err(format!(
+                        "--retain-bytes {s}: keep at least {MIN_RETAIN_BYTES} bytes (1 MiB)"
+                    ));
+                }
+                Some(bytes)
+            }
+            None => None,
+        };
+        let retain_age = match self.retain_age.or(file.retain_age) {
+            Some(s) => {
+                let age = humantime::parse_duration(s.trim()).map_err(|e| {
+                    format!("--retain-age {s:?} is not a duration (like 7d or 12h): {e}")
+                })?;
+                if age.is_zero() {
+                    return Err(format!("--retain-age {s}: must be above zero"));
+                }
+                Some(age)
+            }
+            None => None,
+        };
         Ok(Config {
             id,
             data_dir,
@@ -292,6 +340,8 @@ impl ServeArgs {
             json_logs,
             election_timeout_ms,
             heartbeat_ms,
+            retain_bytes,
+            retain_age,
         })
     }
 }

@@ -119,6 +119,16 @@ enum Command {
         #[command(subcommand)]
         action: MembersAction,
     },
+    /// Trim the log: the records below --before are gone on every node
+    /// (a trim is a log entry; the first index never moves back). Prints
+    /// the first index kept.
+    Trim {
+        #[command(flatten)]
+        endpoints: Endpoints,
+        /// The first index to keep.
+        #[arg(long)]
+        before: u64,
+    },
     /// Ask the leader to hand leadership to a node.
     Transfer {
         #[command(flatten)]
@@ -501,6 +511,7 @@ async fn run(cli: Cli) -> ExitCode {
                             "fabric": s.fabric,
                             "durability": s.durability,
                             "votes_blocked": s.votes_blocked,
+                            "first_index": s.first_index,
                         })
                     );
                 } else {
@@ -514,8 +525,8 @@ async fn run(cli: Cli) -> ExitCode {
                         }
                     );
                     println!(
-                        "commit {}, applied {}, last log {}",
-                        s.commit_index, s.applied_index, s.last_log_index
+                        "commit {}, applied {}, last log {}, first index {}",
+                        s.commit_index, s.applied_index, s.last_log_index, s.first_index
                     );
                     println!(
                         "fabric {}, durability {}{}",
@@ -552,6 +563,13 @@ async fn run(cli: Cli) -> ExitCode {
                 Err(e) => client_error(e),
             }
         }
+        Command::Trim { endpoints, before } => match endpoints.client().trim(before).await {
+            Ok(first) => {
+                println!("first index {first}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => client_error(e),
+        },
         Command::Transfer { endpoints, to } => match endpoints.client().transfer_leader(to).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => client_error(e),

@@ -16,8 +16,6 @@ use prometheus_client::registry::Registry;
 use ringraft::Node;
 use ringraft::metrics::LATENCY_BUCKETS_US;
 
-use crate::records::Records;
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FollowerLabel {
     follower: String,
@@ -35,7 +33,7 @@ fn gauge(registry: &mut Registry, name: &str, help: &str, value: i64) {
 }
 
 /// The exposition text.
-pub fn render(node: &Node, records: &Records) -> String {
+pub fn render(node: &Node) -> String {
     let mut registry = Registry::with_prefix("ringraft");
     let status = node.status();
     let m = node.metrics();
@@ -71,9 +69,15 @@ pub fn render(node: &Node, records: &Records) -> String {
     );
     gauge(
         &mut registry,
-        "records",
-        "Committed records held",
-        records.len() as i64,
+        "first_index",
+        "First index this node holds (0: nothing trimmed)",
+        (*node.watch_first_index().borrow()).max(node.log_store().first_index()) as i64,
+    );
+    gauge(
+        &mut registry,
+        "segment_bytes",
+        "Bytes of the log's segment files on disk",
+        node.log_store().segment_disk_bytes() as i64,
     );
     gauge(
         &mut registry,
@@ -199,7 +203,6 @@ pub fn render(node: &Node, records: &Records) -> String {
 pub async fn serve(
     addr: &str,
     node: Node,
-    records: Records,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
     let listener = tokio::net::TcpListener::bind(addr)
@@ -210,14 +213,14 @@ pub async fn serve(
         .route(
             "/metrics",
             get(move || {
-                let (node, records) = (metrics_node.clone(), records.clone());
+                let node = metrics_node.clone();
                 async move {
                     (
                         [(
                             "content-type",
                             "application/openmetrics-text; version=1.0.0; charset=utf-8",
                         )],
-                        render(&node, &records),
+                        render(&node),
                     )
                 }
             }),

@@ -41,11 +41,15 @@ pub async fn run(config: Config) -> Result<(), String> {
     node_config.max_record_bytes = config.max_record + 256;
     node_config.election_timeout_ms = config.election_timeout_ms;
     node_config.heartbeat_ms = config.heartbeat_ms;
-    let records = Records::default();
+    // The log is the data: openraft purges it only below a trim (explicit,
+    // or by retention), never merely because a snapshot covers it.
+    node_config.keep_after_snapshot = u64::MAX;
+    node_config.retain_bytes = config.retain_bytes;
+    node_config.retain_age = config.retain_age;
     let node = NodeBuilder::new(node_config)
         .fabric(fabric(&config))
         .secret(config.secret.clone())
-        .state_machine(records.clone())
+        .state_machine(Records)
         .start()
         .await
         .map_err(|e| format!("node {}: {e}", config.id))?;
@@ -76,7 +80,6 @@ pub async fn run(config: Config) -> Result<(), String> {
         .map_err(|e| format!("--client {client_addr}: {e}"))?;
     let service = LogService::new(
         node.clone(),
-        records.clone(),
         config.max_record as usize,
         backend,
         format!("{:?}", config.durability).to_lowercase(),
@@ -96,9 +99,7 @@ pub async fn run(config: Config) -> Result<(), String> {
             }),
     );
     let metrics = match &config.metrics {
-        Some(addr) => Some(
-            crate::metrics::serve(addr, node.clone(), records.clone(), shutdown_rx.clone()).await?,
-        ),
+        Some(addr) => Some(crate::metrics::serve(addr, node.clone(), shutdown_rx.clone()).await?),
         None => None,
     };
 

@@ -1,5 +1,5 @@
 //! The client API's server: the gRPC service of `proto/ringraft/v1/log.proto`
-//! over a [`ringraft::Node`] and its [`Records`].
+//! over a [`ringraft::Node`]; records are read from the node's log.
 //!
 //! Input from clients is never trusted: sizes are checked against the
 //! configured limits before anything is proposed, and every error is a
@@ -12,23 +12,23 @@ use futures::{Stream, StreamExt};
 use ringraft::{Node, NodeError, ReadConsistency, Session};
 use tonic::{Request, Response, Status};
 
-use crate::records::Records;
 use ringraft_client::proto::log_server::Log;
 use ringraft_client::proto::{
     AddLearnerRequest, AppendRequest, AppendResponse, Consistency, FollowRequest, Member,
     MembersRequest, MembersResponse, PromoteRequest, ReadRequest, Record, RemoveRequest,
-    StatusRequest, StatusResponse, TransferLeaderRequest, TransferLeaderResponse,
+    StatusRequest, StatusResponse, TransferLeaderRequest, TransferLeaderResponse, TrimRequest,
+    TrimResponse,
 };
 
 /// Records in one Append.
 pub const MAX_RECORDS_PER_APPEND: usize = 4096;
-/// Records sent per message burst of a Read or Follow.
-const STREAM_CHUNK: usize = 256;
+/// Bytes of records read from the log per message burst of a Read or
+/// Follow (at least one record).
+const STREAM_CHUNK_BYTES: u64 = 1 << 20;
 
 /// The service.
 pub struct LogService {
     node: Node,
-    records: Records,
     /// Largest record accepted, bytes.
     max_record: usize,
     fabric: String,
@@ -37,16 +37,9 @@ pub struct LogService {
 
 impl LogService {
     /// A service over `node`.
-    pub fn new(
-        node: Node,
-        records: Records,
-        max_record: usize,
-        fabric: String,
-        durability: String,
-    ) -> LogService {
+    pub fn new(node: Node, max_record: usize, fabric: String, durability: String) -> LogService {
         LogService {
             node,
-            records,
             max_record,
             fabric,
             durability,
@@ -72,6 +65,9 @@ pub fn status(e: NodeError) -> Status {
         NodeError::Storage(m) | NodeError::Fabric(m) | NodeError::Raft(m) => Status::internal(m),
         // Retryable: the earlier seqs are on their way (or being retried).
         e @ NodeError::OutOfOrder { .. } => Status::aborted(e.to_string()),
+        e @ NodeError::Trimmed { .. } => Status::out_of_range(e.to_string()),
+        // Not retried by the client: a full disk needs an operator.
+        NodeError::DiskFull(m) => Status::resource_exhausted(m),
     }
 }
 
@@ -96,6 +92,14 @@ fn members_of(node: &Node) -> Vec<Member> {
             voter: s.voters.contains(id),
         })
         .collect()
+}
+
+fn record(r: ringraft::LogRecord) -> Record {
+    Record {
+        index: r.index,
+        term: r.term,
+        data: r.data,
+    }
 }
 
 type RecordStream = Pin<Box<dyn Stream<Item = Result<Record, Status>> + Send + 'static>>;
@@ -187,39 +191,41 @@ impl Log for LogService {
             )));
         }
         // Linearizable: confirm with the leader, wait until applied that far.
-        let applied = self
-            .node
-            .read(consistency, |_| ())
-            .await
-            .map(|_| *self.records.watch_applied().borrow())
-            .map_err(status)?;
+        self.node.read(consistency, |_| ()).await.map_err(status)?;
+        let applied = *self.node.watch_applied().borrow();
         let to = if req.to == 0 {
             applied
         } else {
             req.to.min(applied)
         };
-        let records = self.records.clone();
-        let from = req.from;
-        let stream = futures::stream::unfold(from, move |next| {
-            let records = records.clone();
+        // Below the first index held: an error before any record.
+        let first = self
+            .node
+            .read_log(req.from, to, STREAM_CHUNK_BYTES)
+            .await
+            .map_err(status)?;
+        let node = self.node.clone();
+        let stream = futures::stream::unfold(Some(first), move |piece| {
+            let node = node.clone();
             async move {
-                if next > to {
-                    return None;
-                }
-                let chunk = records.range(next, to);
-                let chunk: Vec<_> = chunk.into_iter().take(STREAM_CHUNK).collect();
-                let after = chunk.last().map_or(to + 1, |(i, _)| i + 1);
-                let items: Vec<Result<Record, Status>> = chunk
-                    .into_iter()
-                    .map(|(index, r)| {
-                        Ok(Record {
-                            index,
-                            term: r.term,
-                            data: r.data,
-                        })
-                    })
-                    .collect();
-                Some((futures::stream::iter(items), after))
+                let piece = piece?;
+                let next = piece.next;
+                let items: Vec<Result<Record, Status>> =
+                    piece.records.into_iter().map(|r| Ok(record(r))).collect();
+                let more = if next > to {
+                    None
+                } else {
+                    match node.read_log(next, to, STREAM_CHUNK_BYTES).await {
+                        Ok(piece) => Some(piece),
+                        Err(e) => {
+                            return Some((
+                                futures::stream::iter([items, vec![Err(status(e))]].concat()),
+                                None,
+                            ));
+                        }
+                    }
+                };
+                Some((futures::stream::iter(items), more))
             }
         })
         .flatten();
@@ -233,30 +239,32 @@ impl Log for LogService {
         request: Request<FollowRequest>,
     ) -> Result<Response<Self::FollowStream>, Status> {
         let from = request.into_inner().from;
-        let records = self.records.clone();
-        let applied = records.watch_applied();
-        let stream = futures::stream::unfold((from, records), move |(next, records)| {
+        let node = self.node.clone();
+        // Below the first index held: an error before any record.
+        node.read_log(from, 0, 0).await.map_err(status)?;
+        let applied = node.watch_applied();
+        let stream = futures::stream::unfold(Some(from), move |next| {
+            let node = node.clone();
             let mut applied = applied.clone();
             async move {
+                let mut next = next?;
                 loop {
-                    let chunk = records.from(next, STREAM_CHUNK);
-                    if !chunk.is_empty() {
-                        let after = chunk.last().expect("non-empty").0 + 1;
-                        let items: Vec<Result<Record, Status>> = chunk
-                            .into_iter()
-                            .map(|(index, r)| {
-                                Ok(Record {
-                                    index,
-                                    term: r.term,
-                                    data: r.data,
-                                })
-                            })
-                            .collect();
-                        return Some((futures::stream::iter(items), (after, records)));
+                    match node.read_log(next, u64::MAX, STREAM_CHUNK_BYTES).await {
+                        Ok(piece) if !piece.records.is_empty() => {
+                            let items: Vec<Result<Record, Status>> =
+                                piece.records.into_iter().map(|r| Ok(record(r))).collect();
+                            return Some((futures::stream::iter(items), Some(piece.next)));
+                        }
+                        Ok(piece) if piece.next > next => next = piece.next,
+                        Ok(_) => {
+                            // Wait for more (and wake up now and then: a
+                            // client that went away is noticed when the send
+                            // fails).
+                            let _ = tokio::time::timeout(Duration::from_secs(1), applied.changed())
+                                .await;
+                        }
+                        Err(e) => return Some((futures::stream::iter(vec![Err(status(e))]), None)),
                     }
-                    // Wait for more (and wake up now and then: a client that
-                    // went away is noticed when the send fails).
-                    let _ = tokio::time::timeout(Duration::from_secs(1), applied.changed()).await;
                 }
             }
         })
@@ -282,6 +290,7 @@ impl Log for LogService {
             fabric: self.fabric.clone(),
             durability: self.durability.clone(),
             votes_blocked: self.node.log_store().votes_blocked(),
+            first_index: *self.node.watch_first_index().borrow(),
         }))
     }
 
@@ -371,6 +380,12 @@ impl Log for LogService {
         }
         self.node.transfer_leader(to).await.map_err(status)?;
         Ok(Response::new(TransferLeaderResponse {}))
+    }
+
+    async fn trim(&self, request: Request<TrimRequest>) -> Result<Response<TrimResponse>, Status> {
+        let before = request.into_inner().before;
+        let first_index = self.node.trim(before).await.map_err(status)?;
+        Ok(Response::new(TrimResponse { first_index }))
     }
 }
 

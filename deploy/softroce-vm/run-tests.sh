@@ -216,6 +216,32 @@ _step() {
     _sub "$res" "$label" "$(_since "$t0")"
     return "$rc"
 }
+# _lab_or_fail <cmd...>: a lab operation of a scenario (cut, heal, stop)
+# whose failure fails the test with a summary line of its own: CI shows the
+# summary, not the lab's log.
+_lab_or_fail() {
+    "$@" && return 0
+    _sub FAIL "$* failed (lab log above)" 0
+    _STALE_FAILED=1
+    return 1
+}
+# _stop_guests: lab_stop; when a guest did not end cleanly, says which and
+# how (124: still running after 60 s, 125: died without a status), with the
+# end of what the guests printed.
+_stop_guests() {
+    local out rc=0 i
+    out=$(mktemp)
+    lab_stop 60 > "$out" 2>&1 || rc=$?
+    if [ "$rc" != 0 ]; then
+        for i in "${!LAB_RCS[@]}"; do
+            [ "${LAB_RCS[$i]}" = 0 ] || _sub FAIL "guest $i stopped with status ${LAB_RCS[$i]}" 0
+        done
+        echo "  the guests did not all stop cleanly; the end of the lab's output:"
+        tail -n 60 "$out" | sed 's/^/    | /'
+    fi
+    rm -f "$out"
+    return "$rc"
+}
 _stale_node_cmd() {   # the guest command: a node, idle until lab_stop, its log kept
     local bin=$1 peers=$2 emin=${STALE_ELECTION_MS%-*} emax=${STALE_ELECTION_MS#*-}
     local data_dir=/tmp/ringraft-lab mount=
@@ -286,8 +312,8 @@ test_multi3_stale_leader() {
     echo "  followers' connections from node 1 refused so far: node 2 $base2, node 3 $base3"
 
     t_cut=$(_now)
-    lab_cut 1 2 || _STALE_FAILED=1
-    lab_cut 1 3 || _STALE_FAILED=1
+    _lab_or_fail lab_cut 1 2
+    _lab_or_fail lab_cut 1 3
     # Proposals to the old leader, now cut off: its WRITEs cannot arrive.
     : > "$w/stale.acked"
     _drv propose --to 1 --count "$STALE_PROPOSALS" --concurrency "$STALE_PROPOSALS" --prefix stale \
@@ -308,8 +334,8 @@ test_multi3_stale_leader() {
     _step "the new leader commits $STALE_NEW_ENTRIES entries" \
         _drv propose --among 2,3 --count "$STALE_NEW_ENTRIES" --prefix new --out "$w/new.acked" --timeout-s 30
     t_heal=$(_now)
-    lab_heal 1 2 || _STALE_FAILED=1
-    lab_heal 1 3 || _STALE_FAILED=1
+    _lab_or_fail lab_heal 1 2
+    _lab_or_fail lab_heal 1 3
     echo "  cut -> heal: $(_since "$t_cut")s (retry window $(awk -v e="$STALE_ACK_EXP" 'BEGIN{printf "%.1f", 4.096e-6 * 2^e * 7}')s)"
     # rxe resends the old WRITEs at its next retransmission timeout; the
     # followers' NICs answer them while node 1 is still stopped. Wait for
@@ -350,7 +376,7 @@ test_multi3_stale_leader() {
     sed 's/^/    | /' "$w/node1.errors"
     echo "  node 1's side: fenced_writes=${fenced:-?}, WRITEs completed with remote access error (its log): $(grep -c "enters the error state.*cause=WRITE #[0-9]* failed: remote access error" "$w/node1.errors")"
     _drv quit > /dev/null 2>&1
-    lab_stop 60 > /dev/null || _STALE_FAILED=1
+    _lab_or_fail _stop_guests
     return "$_STALE_FAILED"
 }
 
@@ -590,7 +616,7 @@ test_multi3_serve_current() {
     for i in 1 2 3; do _step "node $i holds all 40 records" _read_check "$i" "$w/first.acked" "$w/second.acked"; done
     _step "every node stops on SIGTERM; wal check: no corruption" _wal_check_all 1 2 3
     [ "$_STALE_FAILED" = 0 ] || _evidence serve
-    lab_stop 60 > /dev/null || _STALE_FAILED=1
+    _lab_or_fail _stop_guests
     return "$_STALE_FAILED"
 }
 
@@ -689,7 +715,7 @@ test_multi3_crash_fsync_current() {
     _step "node 2 returns every acknowledged record" _read_check 2 "$w/first.acked" "$w/crash.acked"
     _step "every node stops on SIGTERM; wal check: no corruption" _wal_check_all 1 2 3
     [ "$_STALE_FAILED" = 0 ] || _evidence serve
-    lab_stop 60 > /dev/null || _STALE_FAILED=1
+    _lab_or_fail _stop_guests
     return "$_STALE_FAILED"
 }
 

@@ -389,6 +389,7 @@ impl Leader {
                 .client_write(Command {
                     session: None,
                     data,
+                    control: None,
                 })
                 .await
                 .map(|_| ())

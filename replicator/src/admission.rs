@@ -70,6 +70,10 @@ pub const RAFT_RESERVE_BYTES: u64 = 64 << 10;
 pub trait RingSpace: Send + Sync + 'static {
     /// Bytes written and not yet purged (`tail_lsn - head_lsn`).
     fn used_bytes(&self) -> u64;
+    /// Why the log takes no proposal now, if it does not (a full disk).
+    fn refusal(&self) -> Option<String> {
+        None
+    }
 }
 
 impl RingSpace for LogStore {
@@ -78,6 +82,9 @@ impl RingSpace for LogStore {
             let ring = w.ring();
             ring.tail_lsn() - ring.head_lsn()
         })
+    }
+    fn refusal(&self) -> Option<String> {
+        self.disk_full()
     }
 }
 
@@ -113,6 +120,13 @@ pub enum AdmissionError {
         payload: u64,
         /// The ring's largest record payload.
         max: u64,
+    },
+    /// The log cannot take more now: its disk is full. Nothing was
+    /// proposed; appends are taken again once space is freed.
+    #[error("{why}")]
+    DiskFull {
+        /// What the log said.
+        why: String,
     },
     /// The proposal's records together are more than the ring can ever
     /// admit at once.
@@ -274,6 +288,9 @@ impl Admission {
         let mut need = 0u64;
         for command in commands {
             need += ring_bytes(command, self.inner.max_payload_bytes)?;
+        }
+        if let Some(why) = self.inner.ring.refusal() {
+            return Err(AdmissionError::DiskFull { why });
         }
         self.admit_bytes(need).await
     }
@@ -553,6 +570,7 @@ mod tests {
             let command = Command {
                 session,
                 data: vec![0xab; len],
+                control: None,
             };
             let stored = crate::log_store::encode_payload(&openraft::alias::PayloadOf::<
                 crate::types::TypeConfig,
@@ -747,6 +765,7 @@ mod tests {
         let big = Command {
             session: None,
             data: vec![0; MAX_PAYLOAD as usize],
+            control: None,
         };
         assert!(matches!(
             admission.admit(std::slice::from_ref(&big)).await,
@@ -766,6 +785,7 @@ mod tests {
         let fits = Command {
             session: None,
             data: vec![0; 1000],
+            control: None,
         };
         let one = record_len(payload_len(&fits));
         let admitted = admission.admit(&[fits.clone(), fits]).await.unwrap();

@@ -49,6 +49,8 @@ pub const MAX_FLUSH_BYTES: usize = 8 << 20;
 /// quarter kept, half in flight and the reserve for openraft's own entries
 /// (`crate::admission::RAFT_RESERVE_BYTES`) fit a ring of 1 MiB or more.
 pub const KEEP_IN_RING_DIVISOR: u64 = 4;
+/// How long the flusher waits before it tries a round again on a full disk.
+pub const DISK_FULL_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the flusher writes to: the node's segment log. A trait so that a
 /// test or a simulated disk can stand in for the files.
@@ -137,6 +139,9 @@ pub(crate) struct FlushQueue {
     waiters: VecDeque<(u64, Waiter)>,
     /// The first I/O failure: every later waiter fails with it.
     failed: Option<String>,
+    /// The disk is full: the last round wrote nothing and is retried
+    /// (waiters keep waiting; proposals are refused meanwhile).
+    disk_full: Option<String>,
     /// The store is gone: the flusher ends.
     stopped: bool,
     /// The next round flushes whatever the durability (a clean stop).
@@ -233,6 +238,12 @@ impl FlushQueue {
     pub(crate) fn submitted(&self) -> u64 {
         self.submitted
     }
+
+    /// What the segment log said when it found the disk full, until a
+    /// round succeeds again.
+    pub(crate) fn disk_full(&self) -> Option<&str> {
+        self.disk_full.as_deref()
+    }
 }
 
 /// What one round did.
@@ -288,7 +299,8 @@ impl<S: SegmentSink> Flusher<S> {
     }
 
     /// Runs rounds until the store is dropped. Blocks: call it on a thread
-    /// of its own.
+    /// of its own. While the disk is full, a round is retried every
+    /// [`DISK_FULL_RETRY`].
     pub fn run(mut self) {
         loop {
             {
@@ -297,6 +309,21 @@ impl<S: SegmentSink> Flusher<S> {
                     && (q.failed.is_some() || (q.done == q.submitted && q.ops.is_empty()))
                 {
                     q = self.shared.wake.wait(q).expect("flush queue lock");
+                }
+                if q.disk_full.is_some() {
+                    let retry_at = std::time::Instant::now() + DISK_FULL_RETRY;
+                    while !q.stopped {
+                        let now = std::time::Instant::now();
+                        if now >= retry_at {
+                            break;
+                        }
+                        q = self
+                            .shared
+                            .wake
+                            .wait_timeout(q, retry_at - now)
+                            .expect("flush queue lock")
+                            .0;
+                    }
                 }
                 if q.stopped {
                     return;
@@ -342,16 +369,20 @@ impl<S: SegmentSink> Flusher<S> {
         };
         let entries = copied_to.map_or(0, |(first, last)| last + 1 - first);
         let bytes = self.buf.len() as u64;
+        let mut ops_done = 0;
+        let mut appended = false;
         let result = (|| {
             for op in &ops {
                 match *op {
                     SegmentOp::TruncateAfter(last_kept) => self.sink.truncate_after(last_kept)?,
                     SegmentOp::RemoveBefore(first_kept) => self.sink.remove_before(first_kept)?,
                 }
+                ops_done += 1;
             }
             if !self.buf.is_empty() {
                 self.sink.append(&self.buf)?;
             }
+            appended = true;
             let sync = sync_requested
                 || (self.durability == Durability::Fsync
                     && (!self.buf.is_empty() || !ops.is_empty()));
@@ -389,6 +420,25 @@ impl<S: SegmentSink> Flusher<S> {
                         let (_, waiter) = q.waiters.pop_front().expect("front exists");
                         ready.push((waiter, Ok(())));
                     }
+                    if let Some(was) = q.disk_full.take() {
+                        tracing::info!(was = %was, "the segment log has room again: appends are taken");
+                    }
+                }
+                // Nothing of the batch stays written (the segment log
+                // undoes it): the round is retried as it was, and its
+                // waiters keep waiting.
+                Err(e @ WalError::DiskFull { .. }) if !appended => {
+                    if q.disk_full.is_none() {
+                        tracing::warn!(error = %e, "disk full: appends are refused until space is freed");
+                    }
+                    q.disk_full = Some(e.to_string());
+                    for op in ops[ops_done..].iter().rev() {
+                        q.ops.push_front(*op);
+                    }
+                    if let Some((first, _)) = copied_to {
+                        q.cursor = q.cursor.min(first);
+                    }
+                    q.sync_requested |= sync_requested;
                 }
                 Err(e) => {
                     let failed = format!("the segment log failed: {e}");

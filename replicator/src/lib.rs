@@ -36,6 +36,8 @@ pub mod state_machine;
 pub mod types;
 
 pub use log_store::{Durability, LocalGuard, LogStore, RingGuard};
-pub use node::{Fabric, Node, NodeBuilder, NodeConfig, NodeError, ReadConsistency, Status};
+pub use node::{
+    Fabric, LogRead, LogRecord, Node, NodeBuilder, NodeConfig, NodeError, ReadConsistency, Status,
+};
 pub use state_machine::{Applied, SmStore, StateMachine};
-pub use types::{Command, NodeInfo, Response, Session, TypeConfig};
+pub use types::{Command, Control, NodeInfo, Response, Session, TypeConfig};

@@ -390,6 +390,46 @@ impl LogStore {
     /// Entries `start..end` (cut to the log), from the ring, or from the
     /// segments for those the ring gave back (read without the wal lock).
     pub fn read_entries(&self, start: u64, end: u64) -> io::Result<Vec<Entry>> {
+        self.read_entries_within(start, end, u64::MAX)
+    }
+
+    /// When the segment log's disk is full: what it said. Appends are then
+    /// refused ([`crate::NodeError::DiskFull`]) while the flusher retries.
+    pub fn disk_full(&self) -> Option<String> {
+        self.inner.flush.lock().disk_full().map(str::to_string)
+    }
+
+    /// Bytes of the segment files on disk (preallocated space included).
+    pub fn segment_disk_bytes(&self) -> u64 {
+        let reader = self.wal().segment_reader();
+        reader.disk_bytes()
+    }
+
+    /// The first index this node's log holds (earlier ones were purged).
+    pub fn first_index(&self) -> u64 {
+        self.wal().first_index()
+    }
+
+    /// Where the segments' retention would start the log (see
+    /// [`SegmentReader::retention_point`](ringraft_wal::SegmentReader::retention_point)).
+    pub fn retention_point(
+        &self,
+        max_bytes: Option<u64>,
+        written_before: Option<std::time::SystemTime>,
+    ) -> u64 {
+        let reader = self.wal().segment_reader();
+        reader.retention_point(max_bytes, written_before)
+    }
+
+    /// As [`LogStore::read_entries`], stopping once the entries read take
+    /// `max_bytes` of record payload (at least one entry is read when the
+    /// range is not empty).
+    pub fn read_entries_within(
+        &self,
+        start: u64,
+        end: u64,
+        max_bytes: u64,
+    ) -> io::Result<Vec<Entry>> {
         let (start, end, ring_first, reader) = {
             let wal = self.wal();
             let ring = wal.ring();
@@ -401,12 +441,17 @@ impl LogStore {
             )
         };
         let mut out = Vec::with_capacity(end.saturating_sub(start).min(4096) as usize);
+        let mut bytes = 0u64;
         if start < end.min(ring_first) {
             for record in reader
-                .read_range(start, end.min(ring_first), u64::MAX)
+                .read_range(start, end.min(ring_first), max_bytes)
                 .map_err(io_err)?
             {
+                bytes += record.payload.len() as u64;
                 out.push(decode_entry(record.term, record.index, &record.payload)?);
+            }
+            if bytes >= max_bytes {
+                return Ok(out);
             }
         }
         let from = start.max(ring_first);
@@ -414,12 +459,22 @@ impl LogStore {
             let wal = self.wal();
             let ring = wal.ring();
             for index in from..end {
+                if bytes >= max_bytes {
+                    break;
+                }
                 match ring.read(index) {
-                    Ok(record) => out.push(decode_entry(record.term, index, record.payload)?),
+                    Ok(record) => {
+                        bytes += record.payload.len() as u64;
+                        out.push(decode_entry(record.term, index, record.payload)?);
+                    }
                     // Given back to the segments since the range was taken.
                     Err(WalError::NotInLog { .. }) if index < ring.first_index() => {
                         drop(wal);
-                        let mut rest = self.read_entries(index, end)?;
+                        let mut rest = self.read_entries_within(
+                            index,
+                            end,
+                            max_bytes.saturating_sub(bytes).max(1),
+                        )?;
                         out.append(&mut rest);
                         return Ok(out);
                     }

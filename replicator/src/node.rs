@@ -37,7 +37,7 @@ use crate::network::{NetCtx, NetworkFactory};
 use crate::protocol::{Hello, MAX_MESSAGE_BYTES, encode};
 use crate::server::{self, ServerCtx};
 use crate::state_machine::{SmStore, StateMachine};
-use crate::types::{Command, NodeInfo, Raft, Response, Session, TypeConfig};
+use crate::types::{Command, Control, NodeInfo, Raft, Response, Session, TypeConfig};
 
 /// Attempts of a proposal through leader changes.
 const FORWARD_ATTEMPTS: usize = 20;
@@ -102,7 +102,16 @@ pub struct NodeConfig {
     pub snapshot_every_entries: u64,
     /// Entries kept in the log behind the last snapshot before openraft
     /// purges it (whole segments below the purge point are deleted).
+    /// `u64::MAX` keeps the log until a trim ([`Node::trim`], or the
+    /// retention below) removes it: what a node whose log is its data
+    /// (the daemon) uses.
     pub keep_after_snapshot: u64,
+    /// Retention by size: the leader trims the log ([`Node::trim`]) so that
+    /// the records kept take at most this many bytes of segments.
+    pub retain_bytes: Option<u64>,
+    /// Retention by age: the leader trims every closed segment last
+    /// written longer ago than this.
+    pub retain_age: Option<Duration>,
     /// How long a proposal waits for room in a full ring before it is
     /// refused with [`NodeError::Busy`], milliseconds (below the forwarding
     /// timeout, 10 × the largest election timeout). See [`crate::admission`].
@@ -130,6 +139,8 @@ impl NodeConfig {
             heartbeat_ms: 50,
             snapshot_every_entries: 10_000,
             keep_after_snapshot: 100,
+            retain_bytes: None,
+            retain_age: None,
             admission_wait_ms: 1000,
             conn: ConnConfig {
                 max_message_bytes: MAX_MESSAGE_BYTES,
@@ -209,12 +220,77 @@ pub enum NodeError {
     /// record, or too many at once).
     #[error("{0}")]
     TooLarge(String),
+    /// This node's disk is full: the proposal was refused (nothing was
+    /// proposed). Reads go on; appends are taken again once space is freed.
+    #[error("{0}")]
+    DiskFull(String),
+    /// A read below the first index this node holds: the records there
+    /// were trimmed (retention, [`Node::trim`]), or, on a node that a
+    /// snapshot caught up, never reached it.
+    #[error(
+        "index {index} is below the first index this node holds ({first}): \
+         records before it were trimmed"
+    )]
+    Trimmed {
+        /// The index asked for.
+        index: u64,
+        /// The first index held.
+        first: u64,
+    },
+}
+
+/// How often retention looks at the log (also after every trim).
+const RETENTION_CHECK: Duration = Duration::from_secs(1);
+/// How long one retention step waits for a snapshot or a trim.
+const RETENTION_WAIT: Duration = Duration::from_secs(30);
+
+/// Runs [`Node::keep_retention`] after every change of the first index kept
+/// and every [`RETENTION_CHECK`], while the node lives.
+async fn keep_retention(
+    node: std::sync::Weak<Inner>,
+    mut first: tokio::sync::watch::Receiver<u64>,
+) {
+    let mut tick = tokio::time::interval(RETENTION_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            changed = first.changed() => if changed.is_err() { return },
+            _ = tick.tick() => {}
+        }
+        let Some(inner) = node.upgrade() else { return };
+        Node { inner }.keep_retention().await;
+    }
+}
+
+/// An application record, read back from the log ([`Node::read_log`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogRecord {
+    /// Its log index.
+    pub index: u64,
+    /// The term of its entry.
+    pub term: u64,
+    /// Its bytes.
+    pub data: Vec<u8>,
+}
+
+/// A piece of the log ([`Node::read_log`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogRead {
+    /// The records applied in the range read, in index order (entries that
+    /// carry none, such as blank, membership and trim entries or a
+    /// session's duplicates, leave gaps).
+    pub records: Vec<LogRecord>,
+    /// Where the next read continues.
+    pub next: u64,
+    /// The last applied index when the read was made.
+    pub applied: u64,
 }
 
 impl From<AdmissionError> for NodeError {
     fn from(e: AdmissionError) -> NodeError {
         match e {
             AdmissionError::Busy { .. } => NodeError::Busy(e.to_string()),
+            AdmissionError::DiskFull { why } => NodeError::DiskFull(why),
             AdmissionError::RecordTooLarge { .. } | AdmissionError::BatchTooLarge { .. } => {
                 NodeError::TooLarge(e.to_string())
             }
@@ -451,8 +527,12 @@ impl NodeBuilder {
             durability = ?config.durability,
             "node started"
         );
-        Ok(Node {
-            inner: Arc::new(Inner {
+        let inner = Arc::new_cyclic(|node| {
+            tasks.push(tokio::spawn(keep_retention(
+                node.clone(),
+                sm_store.watch_first(),
+            )));
+            Inner {
                 config,
                 listen_addr,
                 device,
@@ -466,8 +546,9 @@ impl NodeBuilder {
                 net_ctx,
                 leader_link: tokio::sync::Mutex::new(None),
                 tasks,
-            }),
-        })
+            }
+        });
+        Ok(Node { inner })
     }
 }
 
@@ -820,6 +901,7 @@ impl Node {
                     seq: s.seq + k,
                 }),
                 data,
+                control: None,
             })
             .collect();
         if commands.is_empty() {
@@ -992,6 +1074,170 @@ impl Node {
             .await
             .map(|_| ())
             .map_err(|e| NodeError::Timeout(e.to_string()))
+    }
+
+    /// Reads the application records in `from..=to` (cut to what this node
+    /// applied), stopping once `max_bytes` of records were read (at least
+    /// one entry is read when the range is not empty). The records come
+    /// from the log itself (ring and segments): the state machine keeps
+    /// none. A read at a consistency above stale first calls
+    /// [`Node::read`].
+    ///
+    /// # Errors
+    /// [`NodeError::Trimmed`] when `from` is below the first index this
+    /// node holds; [`NodeError::Storage`] when the log cannot be read.
+    pub async fn read_log(&self, from: u64, to: u64, max_bytes: u64) -> Result<LogRead, NodeError> {
+        let (first, applied, _) = self.inner.sm.read_view(1, 0).await;
+        let to = to.min(applied);
+        let held = first.max(self.inner.store.first_index());
+        if from < held {
+            return Err(NodeError::Trimmed {
+                index: from,
+                first: held,
+            });
+        }
+        if from > to {
+            return Ok(LogRead {
+                records: Vec::new(),
+                next: from,
+                applied,
+            });
+        }
+        let entries = match self
+            .inner
+            .store
+            .read_entries_within(from, to + 1, max_bytes)
+        {
+            Ok(entries) if entries.first().is_some_and(|e| e.log_id.index == from) => entries,
+            // Purged since the check above.
+            Ok(_) => {
+                return Err(NodeError::Trimmed {
+                    index: from,
+                    first: self.inner.store.first_index(),
+                });
+            }
+            Err(e) => {
+                let first = self.inner.store.first_index();
+                if from < first {
+                    return Err(NodeError::Trimmed { index: from, first });
+                }
+                return Err(NodeError::Storage(format!("read {from}..={to}: {e}")));
+            }
+        };
+        let last = entries.last().expect("non-empty").log_id.index;
+        let (first, _, skipped) = self.inner.sm.read_view(from, last).await;
+        if from < first {
+            return Err(NodeError::Trimmed { index: from, first });
+        }
+        let records = entries
+            .into_iter()
+            .filter_map(|e| match e.payload {
+                openraft::EntryPayload::Normal(Command {
+                    data,
+                    control: None,
+                    ..
+                }) if !skipped.contains(&e.log_id.index) => Some(LogRecord {
+                    index: e.log_id.index,
+                    term: crate::types::term_of(&e.log_id),
+                    data,
+                }),
+                _ => None,
+            })
+            .collect();
+        Ok(LogRead {
+            records,
+            next: last + 1,
+            applied,
+        })
+    }
+
+    /// A watch of the last applied index.
+    pub fn watch_applied(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.sm.watch_applied()
+    }
+
+    /// A watch of the first index kept (0 while nothing was trimmed).
+    pub fn watch_first_index(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.sm.watch_first()
+    }
+
+    /// Trims the log: the records below `before` are gone on every node,
+    /// from the index of the trim's own entry on (a trim is a log entry;
+    /// `before` is cut to that index, and a trim never moves the first
+    /// index back). The storage is given back once a snapshot covers it.
+    /// Returns the first index kept.
+    pub async fn trim(&self, before: u64) -> Result<u64, NodeError> {
+        let command = Command {
+            session: None,
+            data: Vec::new(),
+            control: Some(Control::Trim { before }),
+        };
+        let answer = self
+            .write_anywhere(vec![command])
+            .await?
+            .pop()
+            .expect("one answer per command");
+        let first: [u8; 8] = answer.data.as_slice().try_into().map_err(|_| {
+            NodeError::Unknown(format!(
+                "a trim was answered with {} bytes",
+                answer.data.len()
+            ))
+        })?;
+        Ok(u64::from_le_bytes(first))
+    }
+
+    /// One round of retention: gives back the storage of trimmed entries
+    /// (a snapshot, then openraft's purge), and, on the leader, trims what
+    /// [`NodeConfig::retain_bytes`] and [`NodeConfig::retain_age`] let go.
+    async fn keep_retention(&self) {
+        use openraft::async_runtime::WatchReceiver;
+        let raft = &self.inner.raft;
+        let first = *self.inner.sm.watch_first().borrow();
+        if first > 1 {
+            let upto = first - 1;
+            let m = raft.metrics().borrow_watched().clone();
+            if m.purged.is_none_or(|p| p.index < upto) {
+                if m.snapshot.is_none_or(|s| s.index < upto) {
+                    let _ = raft.trigger().snapshot().await;
+                    let _ = raft
+                        .wait(Some(RETENTION_WAIT))
+                        .metrics(
+                            |m| m.snapshot.is_some_and(|s| s.index >= upto),
+                            "a snapshot covers the trimmed entries",
+                        )
+                        .await;
+                }
+                let _ = raft.trigger().purge_log(upto).await;
+            }
+        }
+        let config = &self.inner.config;
+        if config.retain_bytes.is_none() && config.retain_age.is_none() {
+            return;
+        }
+        let m = raft.metrics().borrow_watched().clone();
+        if m.current_leader != Some(config.id) {
+            return;
+        }
+        let applied = m.last_applied.map_or(0, |l| l.index);
+        let written_before = config
+            .retain_age
+            .and_then(|age| std::time::SystemTime::now().checked_sub(age));
+        let point = self
+            .inner
+            .store
+            .retention_point(config.retain_bytes, written_before)
+            .min(applied + 1);
+        if point > first.max(1) {
+            match tokio::time::timeout(RETENTION_WAIT, self.trim(point)).await {
+                Ok(Ok(kept)) => {
+                    tracing::info!(node = config.id, first = kept, "retention trimmed the log")
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(node = config.id, error = %e, "retention: trim failed")
+                }
+                Err(_) => tracing::warn!(node = config.id, "retention: trim timed out"),
+            }
+        }
     }
 
     /// Adds a learner (a non-voting member that receives the log).

@@ -24,7 +24,7 @@
 //! next seq is out of order, so its client must start a new session); it
 //! is part of every snapshot, so every replica decides alike.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -33,10 +33,11 @@ use futures::{Stream, TryStreamExt};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use serde::{Deserialize, Serialize};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, watch};
 
 use crate::types::{
-    Command, Entry, FIRST_SEQ, LogId, Response, Session, SnapshotMeta, StoredMembership, TypeConfig,
+    Command, Control, Entry, FIRST_SEQ, LogId, Response, Session, SnapshotMeta, StoredMembership,
+    TypeConfig,
 };
 
 /// Answers remembered per client.
@@ -177,11 +178,35 @@ impl Sessions {
     }
 }
 
+/// Which of the log's entries are records the application applied: the
+/// log is the data (a replicated log serves reads from it), so the state
+/// machine only remembers what the log alone does not say.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Retention {
+    /// The first index kept: entries below it were trimmed, on every node
+    /// at the same log index ([`Control::Trim`]).
+    pub(crate) first: u64,
+    /// Indexes at or above `first` of application commands that were not
+    /// applied (a session's duplicate or early seq): a read skips them.
+    pub(crate) skipped: BTreeSet<u64>,
+}
+
+impl Retention {
+    /// Applies a trim carried by the entry at `index`: never back, never
+    /// past the trim itself.
+    fn trim(&mut self, before: u64, index: u64) {
+        let first = before.min(index).max(self.first);
+        self.first = first;
+        self.skipped = self.skipped.split_off(&first);
+    }
+}
+
 /// What a snapshot file and a snapshot transfer hold.
 #[derive(Serialize, Deserialize)]
 struct SnapshotBody {
     meta: SnapshotMeta,
     sessions: Sessions,
+    retention: Retention,
     #[serde(with = "serde_bytes")]
     state: Vec<u8>,
 }
@@ -191,15 +216,44 @@ struct Inner {
     last_applied: Option<LogId>,
     membership: StoredMembership,
     sessions: Sessions,
+    retention: Retention,
     /// The current snapshot: its metadata and its encoded body.
     current: Option<(SnapshotMeta, Vec<u8>)>,
     dir: Option<PathBuf>,
+    watches: Arc<Watches>,
+}
+
+/// What readers of the log wait on.
+struct Watches {
+    /// The last applied index (0 before any).
+    applied: watch::Sender<u64>,
+    /// The first index kept ([`Retention::first`]).
+    first: watch::Sender<u64>,
+}
+
+impl Inner {
+    /// Tells the watchers where applying and retention stand.
+    fn publish(&self) {
+        let applied = self.last_applied.map_or(0, |l| l.index);
+        self.watches.applied.send_if_modified(|v| {
+            let changed = *v != applied;
+            *v = applied;
+            changed
+        });
+        let first = self.retention.first;
+        self.watches.first.send_if_modified(|v| {
+            let changed = *v != first;
+            *v = first;
+            changed
+        });
+    }
 }
 
 /// openraft's view of the state machine; clones share it.
 #[derive(Clone)]
 pub struct SmStore {
     inner: Arc<Mutex<Inner>>,
+    watches: Arc<Watches>,
 }
 
 fn io_err(e: impl std::fmt::Display) -> io::Error {
@@ -223,13 +277,19 @@ impl SmStore {
     /// Wraps `user`, restoring the snapshot of `dir` (when given and
     /// present).
     pub fn open(mut user: Box<dyn StateMachine>, dir: Option<&Path>) -> io::Result<SmStore> {
+        let watches = Arc::new(Watches {
+            applied: watch::channel(0).0,
+            first: watch::channel(0).0,
+        });
         let mut inner = Inner {
             user: Box::new(Unset),
             last_applied: None,
             membership: StoredMembership::default(),
             sessions: Sessions::default(),
+            retention: Retention::default(),
             current: None,
             dir: dir.map(Path::to_path_buf),
+            watches: watches.clone(),
         };
         if let Some(dir) = dir {
             let path = dir.join(SNAPSHOT_FILE);
@@ -242,6 +302,7 @@ impl SmStore {
                     inner.last_applied = body.meta.last_log_id;
                     inner.membership = body.meta.last_membership.clone();
                     inner.sessions = body.sessions;
+                    inner.retention = body.retention;
                     inner.current = Some((body.meta, bytes));
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -249,9 +310,37 @@ impl SmStore {
             }
         }
         inner.user = user;
+        inner.publish();
         Ok(SmStore {
             inner: Arc::new(Mutex::new(inner)),
+            watches,
         })
+    }
+
+    /// A watch of the last applied index.
+    pub fn watch_applied(&self) -> watch::Receiver<u64> {
+        self.watches.applied.subscribe()
+    }
+
+    /// A watch of the first index kept: records below it were trimmed.
+    pub fn watch_first(&self) -> watch::Receiver<u64> {
+        self.watches.first.subscribe()
+    }
+
+    /// The first index kept, the last applied index, and which indexes in
+    /// `from..=to` hold application commands that were not applied.
+    pub(crate) async fn read_view(&self, from: u64, to: u64) -> (u64, u64, BTreeSet<u64>) {
+        let inner = self.inner.lock().await;
+        let skipped = if from <= to {
+            inner.retention.skipped.range(from..=to).copied().collect()
+        } else {
+            BTreeSet::new()
+        };
+        (
+            inner.retention.first,
+            inner.last_applied.map_or(0, |l| l.index),
+            skipped,
+        )
     }
 
     /// Runs `f` on the application's state machine (for reads).
@@ -309,6 +398,17 @@ impl Inner {
         for (k, entry) in batch.iter().enumerate() {
             let index = entry.log_id.index;
             let answer = match &entry.payload {
+                EntryPayload::Normal(Command {
+                    control: Some(Control::Trim { before }),
+                    ..
+                }) => {
+                    self.retention.trim(*before, index);
+                    Some(Response {
+                        index,
+                        data: self.retention.first.to_le_bytes().to_vec(),
+                        ..Response::default()
+                    })
+                }
                 EntryPayload::Normal(cmd) => match cmd.session {
                     None => {
                         fresh.push((k, index, crate::types::term_of(&entry.log_id), cmd));
@@ -316,6 +416,7 @@ impl Inner {
                     }
                     Some(s) => match in_batch.get(&s) {
                         Some(&f) => {
+                            self.retention.skipped.insert(index);
                             retries.push((k, f));
                             None
                         }
@@ -326,12 +427,18 @@ impl Inner {
                                 fresh.push((k, index, crate::types::term_of(&entry.log_id), cmd));
                                 None
                             }
-                            SeqCheck::Duplicate(answer) => Some(answer),
-                            SeqCheck::Early { expected } => Some(Response {
-                                index,
-                                out_of_order: Some(expected),
-                                ..Response::default()
-                            }),
+                            SeqCheck::Duplicate(answer) => {
+                                self.retention.skipped.insert(index);
+                                Some(answer)
+                            }
+                            SeqCheck::Early { expected } => {
+                                self.retention.skipped.insert(index);
+                                Some(Response {
+                                    index,
+                                    out_of_order: Some(expected),
+                                    ..Response::default()
+                                })
+                            }
                         },
                     },
                 },
@@ -389,6 +496,7 @@ impl Inner {
         if let Some(entry) = batch.last() {
             self.last_applied = Some(entry.log_id);
         }
+        self.publish();
         Ok(answers
             .into_iter()
             .map(|a| a.expect("every entry answered"))
@@ -403,6 +511,7 @@ impl Inner {
         let body = SnapshotBody {
             meta: meta.clone(),
             sessions: self.sessions.clone(),
+            retention: self.retention.clone(),
             state: self.user.snapshot(),
         };
         let bytes =
@@ -470,8 +579,10 @@ impl RaftStateMachine<TypeConfig> for SmStore {
         let mut inner = self.inner.lock().await;
         inner.user.restore(&body.state).map_err(io_err)?;
         inner.sessions = body.sessions;
+        inner.retention = body.retention;
         inner.last_applied = meta.last_log_id;
         inner.membership = meta.last_membership.clone();
+        inner.publish();
         if let Some(dir) = &inner.dir {
             store_file(dir, &snapshot)?;
         }
@@ -547,6 +658,71 @@ mod tests {
         assert_eq!(s.check(7, 1), dup(20, b"one"));
     }
 
+    fn trim(index: u64, before: u64) -> Entry {
+        Entry {
+            log_id: crate::types::log_id(1, index),
+            payload: EntryPayload::Normal(Command {
+                session: None,
+                data: Vec::new(),
+                control: Some(Control::Trim { before }),
+            }),
+        }
+    }
+
+    /// Issue 11, items 4 and 5: the log is the data, so the state machine
+    /// remembers only which entries a read must skip (a session's
+    /// duplicates and early seqs) and where the log starts. A trim is
+    /// applied like any entry: never back, never past itself, the same on
+    /// every replica; the application never sees it; a snapshot carries it.
+    #[test]
+    fn trims_and_skipped_entries_are_state_the_snapshot_carries() {
+        let log = Log::default();
+        let applied = log.0.clone();
+        let dir = tempfile::tempdir().unwrap();
+        let sm = SmStore::open(Box::new(log), Some(dir.path())).unwrap();
+        let mut first = sm.watch_first();
+        {
+            let mut inner = sm.inner.try_lock().unwrap();
+            // seq 2 early (skipped), seq 1, seq 1 again (a duplicate, skipped).
+            inner
+                .apply_entries(&[entry(1, 5, 2), entry(2, 5, 1), entry(3, 5, 1)])
+                .unwrap();
+            assert_eq!(inner.retention.skipped, BTreeSet::from([1, 3]));
+            let answers = inner
+                .apply_entries(&[entry(4, 5, 2), trim(5, 3), trim(6, 100), trim(7, 2)])
+                .unwrap();
+            // Cut to the trim's own index; never back.
+            let firsts: Vec<u64> = answers[1..]
+                .iter()
+                .map(|r| u64::from_le_bytes(r.data.as_slice().try_into().unwrap()))
+                .collect();
+            assert_eq!(firsts, vec![3, 6, 6]);
+            assert_eq!(inner.retention.first, 6);
+            assert!(
+                inner.retention.skipped.is_empty(),
+                "skips below the first index go"
+            );
+            inner.apply_entries(&[entry(8, 5, 2)]).unwrap();
+            assert_eq!(inner.retention.skipped, BTreeSet::from([8]));
+            inner.build().unwrap();
+        }
+        assert!(first.has_changed().unwrap());
+        assert_eq!(*first.borrow_and_update(), 6);
+        assert_eq!(*sm.watch_applied().borrow(), 8);
+        // The application saw seq 1 and 2 once each, and no trim.
+        assert_eq!(
+            *applied.lock().unwrap(),
+            vec![(2, b"seq 1".to_vec()), (4, b"seq 2".to_vec())]
+        );
+        // A node restarted from the snapshot file knows the same.
+        let again = SmStore::open(Box::new(Log::default()), Some(dir.path())).unwrap();
+        let inner = again.inner.try_lock().unwrap();
+        assert_eq!(inner.retention.first, 6);
+        assert_eq!(inner.retention.skipped, BTreeSet::from([8]));
+        assert_eq!(*again.watch_first().borrow(), 6);
+        assert_eq!(*again.watch_applied().borrow(), 8);
+    }
+
     /// (index, command) in apply order.
     type AppliedCommands = Arc<std::sync::Mutex<Vec<(u64, Vec<u8>)>>>;
 
@@ -578,6 +754,7 @@ mod tests {
             payload: EntryPayload::Normal(Command {
                 session: Some(Session { client_id, seq }),
                 data: format!("seq {seq}").into_bytes(),
+                control: None,
             }),
         }
     }

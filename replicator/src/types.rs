@@ -25,7 +25,7 @@ pub struct Session {
 pub const FIRST_SEQ: u64 = 1;
 
 /// What a proposal puts into the log.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Command {
     /// The client session, for exactly-once semantics; `None` for plain
     /// proposals.
@@ -33,10 +33,41 @@ pub struct Command {
     /// The application's bytes.
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
+    /// `Some` for a command of the log itself, which the library applies
+    /// and the application never sees (its `session` and `data` are then
+    /// empty).
+    pub control: Option<Control>,
+}
+
+impl Command {
+    /// An application command.
+    pub fn new(session: Option<Session>, data: Vec<u8>) -> Command {
+        Command {
+            session,
+            data,
+            control: None,
+        }
+    }
+}
+
+/// A command of the log itself, applied by the library on every node at
+/// the same index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Control {
+    /// Retention: records below `before` are gone from the log, exactly
+    /// from this entry on, on every node (`before` is cut to the trim's
+    /// own index; a trim never moves the first retained index back).
+    Trim {
+        /// The first index kept.
+        before: u64,
+    },
 }
 
 impl std::fmt::Display for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(Control::Trim { before }) = self.control {
+            return write!(f, "trim(before {before})");
+        }
         match self.session {
             Some(s) => write!(
                 f,

@@ -187,3 +187,87 @@ async fn a_truncation_waits_for_the_appends_before_it_and_reaches_the_segments_i
         vec![log_id(1, 0), log_id(2, 1)]
     );
 }
+
+/// A sink on a disk that can be full: appends fail as the segment log's do
+/// then (nothing of the batch written).
+#[derive(Clone, Default)]
+struct Fillable {
+    calls: Counting,
+    full: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SegmentSink for Fillable {
+    fn append(&mut self, records: &[u8]) -> Result<(), WalError> {
+        if self.full.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(WalError::DiskFull {
+                path: "log/00000000000000000003.seg".into(),
+                needed: records.len() as u64,
+            });
+        }
+        self.calls.append(records)
+    }
+    fn sync(&mut self) -> Result<(), WalError> {
+        self.calls.sync()
+    }
+    fn truncate_after(&mut self, last_kept: Option<u64>) -> Result<(), WalError> {
+        self.calls.truncate_after(last_kept)
+    }
+    fn remove_before(&mut self, first_kept: u64) -> Result<(), WalError> {
+        self.calls.remove_before(first_kept)
+    }
+}
+
+/// Issue 11, item 5: a full disk used to stop the node's log for good (the
+/// first failed round failed every waiter, and every later one). Now the
+/// round is retried: appends wait, proposals are refused with a clear
+/// "disk full" while it lasts, and once space is freed one round writes
+/// everything in order and completes the waiters.
+#[tokio::test(flavor = "current_thread")]
+async fn a_full_disk_refuses_proposals_and_the_log_resumes_once_space_is_freed() {
+    let (_dir, mut store) = store(Durability::Fsync);
+    let sink = Fillable::default();
+    let mut flusher = store.flusher(sink.clone());
+    let admission = ringraft::admission::Admission::new(
+        Arc::new(store.clone()),
+        1 << 20,
+        64 << 10,
+        std::time::Duration::from_millis(10),
+    )
+    .unwrap();
+    let command = || vec![ringraft::Command::new(None, b"x".to_vec())];
+    drop(admission.admit(&command()).await.expect("room before"));
+
+    let mut first = append(&mut store, vec![entry(1, 0), entry(1, 1), entry(1, 2)]).await;
+    sink.full.store(true, std::sync::atomic::Ordering::SeqCst);
+    flusher.step().unwrap();
+    assert!(!done(&mut first), "nothing was written: nothing is durable");
+    let why = store.disk_full().expect("the store says the disk is full");
+    assert!(why.contains("disk full"), "{why}");
+    match admission.admit(&command()).await {
+        Err(ringraft::admission::AdmissionError::DiskFull { why }) => {
+            assert!(why.contains("space is freed"), "{why}")
+        }
+        other => panic!("a proposal on a full disk: {:?}", other.map(|a| a.bytes())),
+    }
+    let mut second = append(&mut store, vec![entry(1, 3), entry(1, 4)]).await;
+    assert!(flusher.has_work());
+    flusher.step().unwrap();
+    assert!(!done(&mut first) && !done(&mut second));
+    assert!(sink.calls.0.lock().unwrap().appends.is_empty());
+
+    sink.full.store(false, std::sync::atomic::Ordering::SeqCst);
+    let round = flusher.step().unwrap();
+    assert_eq!((round.entries, round.synced), (5, true), "{round:?}");
+    assert!(done(&mut first) && done(&mut second));
+    assert_eq!(store.disk_full(), None);
+    drop(admission.admit(&command()).await.expect("room again"));
+    let calls = sink.calls.0.lock().unwrap();
+    assert_eq!((calls.appends.len(), calls.syncs), (1, 1), "{calls:?}");
+    drop(calls);
+    // The segments would hold entries 0..=4, in order, once.
+    let entries = store.read_entries(0, 5).unwrap();
+    assert_eq!(
+        entries.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3, 4]
+    );
+}

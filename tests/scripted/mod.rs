@@ -84,6 +84,7 @@ pub fn entries(term: u64, first: u64, last: u64) -> Vec<Entry> {
             payload: openraft::EntryPayload::Normal(Command {
                 session: None,
                 data: format!("entry {index}").into_bytes(),
+                control: None,
             }),
         })
         .collect()

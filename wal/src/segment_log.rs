@@ -83,6 +83,7 @@
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::SystemTime;
 
 use crate::disk::{Access, Disk, DiskFile};
 use crate::error::{Result, WalError};
@@ -259,6 +260,9 @@ struct Segment<F> {
     end: u64,
     /// The file's length (preallocated space included).
     file_len: u64,
+    /// When records were last appended to it (for a segment found at open,
+    /// its file's modification time): what age-based retention goes by.
+    written_at: SystemTime,
 }
 
 impl<F> Segment<F> {
@@ -371,6 +375,57 @@ impl<D: Disk> SegmentReader<D> {
     pub fn range(&self) -> (u64, u64) {
         let shared = read_lock(&self.shared);
         (shared.first_index(), shared.next_index())
+    }
+
+    /// Where retention would start the log: the lowest index such that
+    /// the records from it on take at most `max_bytes` (exact to the
+    /// record), and past every segment but the last that was last written
+    /// before `written_before` (whole segments, like Kafka's
+    /// `retention.ms`). `None` sets no limit. Never past the end of the
+    /// log; the first index when nothing needs to go.
+    pub fn retention_point(
+        &self,
+        max_bytes: Option<u64>,
+        written_before: Option<SystemTime>,
+    ) -> u64 {
+        let shared = read_lock(&self.shared);
+        let mut point = shared.first_index();
+        if let Some(max) = max_bytes {
+            let mut kept = 0u64;
+            for segment in shared.segments.iter().rev() {
+                let Some(&start) = segment.offsets.first() else {
+                    continue;
+                };
+                let bytes = segment.end - start as u64;
+                if kept + bytes <= max {
+                    kept += bytes;
+                    continue;
+                }
+                let j = segment
+                    .offsets
+                    .partition_point(|&o| kept + (segment.end - o as u64) > max);
+                point = point.max(segment.first_index + j as u64);
+                break;
+            }
+        }
+        if let Some(before) = written_before {
+            let closed = shared.segments.len().saturating_sub(1);
+            for segment in shared.segments.iter().take(closed) {
+                if segment.written_at < before {
+                    point = point.max(segment.next_index());
+                }
+            }
+        }
+        point
+    }
+
+    /// Bytes of the segment files (preallocated space included).
+    pub fn disk_bytes(&self) -> u64 {
+        read_lock(&self.shared)
+            .segments
+            .iter()
+            .map(|s| s.file_len)
+            .sum()
     }
 
     /// The term of entry `index`, when the log holds it.
@@ -697,6 +752,9 @@ fn scan_dir<D: Disk>(
                 terms: scan.terms,
                 end: scan.end,
                 file_len,
+                written_at: std::fs::metadata(path)
+                    .and_then(|m| m.modified())
+                    .unwrap_or_else(|_| SystemTime::now()),
             },
             tip,
             lsn_end,
@@ -1246,6 +1304,7 @@ impl<D: Disk> SegmentLog<D> {
                             terms: part.terms.clone(),
                             end,
                             file_len,
+                            written_at: SystemTime::now(),
                         });
                     }
                     None => {
@@ -1258,6 +1317,7 @@ impl<D: Disk> SegmentLog<D> {
                         }
                         segment.end += added;
                         segment.file_len = segment.file_len.max(segment.end);
+                        segment.written_at = SystemTime::now();
                     }
                 }
             }
