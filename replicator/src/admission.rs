@@ -289,7 +289,10 @@ impl Admission {
         for command in commands {
             need += ring_bytes(command, self.inner.max_payload_bytes)?;
         }
-        if let Some(why) = self.inner.ring.refusal() {
+        // A trim is let through: it is what frees a full disk.
+        if commands.iter().any(|c| c.control.is_none())
+            && let Some(why) = self.inner.ring.refusal()
+        {
             return Err(AdmissionError::DiskFull { why });
         }
         self.admit_bytes(need).await
