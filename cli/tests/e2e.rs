@@ -218,18 +218,21 @@ impl Cluster {
 
     /// Waits until node `id` answers and applied at least `index`.
     fn wait_applied(&self, id: u64, index: u64, timeout: Duration) {
+        self.wait_status(id, "applied_index", index, timeout);
+    }
+
+    /// Waits until node `id`'s status reports `key` at least `value`;
+    /// returns what it reports.
+    fn wait_status(&self, id: u64, key: &str, value: u64, timeout: Duration) -> u64 {
         let deadline = Instant::now() + timeout;
         loop {
-            let applied = self
-                .status(id)
-                .and_then(|s| s["applied_index"].as_u64())
-                .unwrap_or(0);
-            if applied >= index {
-                return;
+            let now = self.status(id).and_then(|s| s[key].as_u64()).unwrap_or(0);
+            if now >= value {
+                return now;
             }
             assert!(
                 Instant::now() < deadline,
-                "node {id} did not apply {index} (applied {applied})"
+                "node {id}: {key} {now}, waiting for {value}"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -753,26 +756,45 @@ fn bad_configuration_is_refused_at_start() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field"));
+    let err = refused_serve(&["--ring-capacity", "1000"]);
+    assert!(err.contains("ring-capacity"), "{err}");
+    // Retention flags.
+    for (flag, value, says) in [
+        ("--retain-bytes", "lots", "not a byte count"),
+        ("--retain-bytes", "1KiB", "at least"),
+        ("--retain-age", "0s", "above zero"),
+        ("--retain-age", "soon", "not a duration"),
+    ] {
+        let err = refused_serve(&[flag, value]);
+        assert!(
+            err.contains(flag) && err.contains(says),
+            "{flag} {value}: {err}"
+        );
+    }
+}
+
+/// Runs `ringraft serve` with a minimal configuration plus `extra`, which
+/// must make it refuse to start; returns what it said.
+fn refused_serve(extra: &[&str]) -> String {
     let out = Command::new(BIN)
         .args([
             "serve",
             "--id",
             "1",
             "--data-dir",
-            "/tmp/x",
+            "/nonexistent/x",
             "--listen",
             "a:1",
             "--client",
             "a:2",
             "--peers",
             "1=a:1",
-            "--ring-capacity",
-            "1000",
         ])
+        .args(extra)
         .output()
         .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("ring-capacity"));
+    assert!(!out.status.success(), "serve {extra:?} was accepted");
+    String::from_utf8_lossy(&out.stderr).to_string()
 }
 
 /// Runs `ringraft` with `args` to completion, or kills it after `limit`
@@ -1342,56 +1364,41 @@ fn rings_live_in_the_ring_dir_and_go_with_their_data_dir() {
     );
 }
 
-/// Waits (bounded) until node `id`'s status reports a first index of at
-/// least `first`; returns it.
-fn wait_first_index(c: &Cluster, id: u64, first: u64, timeout: Duration) -> u64 {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let now = c
-            .status(id)
-            .and_then(|s| s["first_index"].as_u64())
-            .unwrap_or(0);
-        if now >= first {
-            return now;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node {id}: first index {now}, waiting for {first}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+/// Fails the test with the command's stderr unless it succeeded.
+fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Appends `records` (one per stdin line) through `endpoints`; the command's
+/// output and the indexes it printed.
+fn append_lines(endpoints: &str, records: &[String]) -> (Output, Vec<u64>) {
+    let out = cli_with(endpoints, &["append"], Some(&(records.join("\n") + "\n")));
+    let indexes = lines(&out).iter().map(|l| l.parse().unwrap()).collect();
+    (out, indexes)
 }
 
 /// Issue 11, items 4 and 5: the daemon serves reads from the log and trims
 /// it on request (`ringraft trim`) or by retention (`--retain-bytes`); a
 /// read below the first index kept fails at once naming it, on every node
-/// and after a restart. Bad retention flags are refused at start.
+/// and after a restart. Bad retention flags: see
+/// `bad_configuration_is_refused_at_start`.
 #[test]
 fn trim_and_retention_from_the_command_line() {
     let mut c = Cluster::start(3, &[]);
     let expected: Vec<String> = (0..30).map(|k| format!("r{k}")).collect();
-    let out = cli_with(
-        &c.endpoints(),
-        &["append"],
-        Some(&(expected.join("\n") + "\n")),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let indexes: Vec<u64> = lines(&out).iter().map(|l| l.parse().unwrap()).collect();
+    let (out, indexes) = append_lines(&c.endpoints(), &expected);
+    assert_ok(&out);
     let keep = indexes[10];
     let out = c.cli(&["trim", "--before", &keep.to_string()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     assert_eq!(lines(&out), vec![format!("first index {keep}")]);
     for id in 1..=3 {
         assert_eq!(
-            wait_first_index(&c, id, keep, Duration::from_secs(120)),
+            c.wait_status(id, "first_index", keep, Duration::from_secs(120)),
             keep
         );
         let client = c.nodes[&id].client.clone();
@@ -1413,11 +1420,7 @@ fn trim_and_retention_from_the_command_line() {
             &["read", "--from", &keep.to_string(), "--format", "raw"],
             None,
         );
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_ok(&out);
         assert_eq!(lines(&out), expected[10..].to_vec(), "node {id}");
     }
     // A restarted node keeps the trim.
@@ -1425,7 +1428,7 @@ fn trim_and_retention_from_the_command_line() {
     c.boot(2);
     c.wait_leader(Duration::from_secs(60));
     assert_eq!(
-        wait_first_index(&c, 2, keep, Duration::from_secs(120)),
+        c.wait_status(2, "first_index", keep, Duration::from_secs(120)),
         keep
     );
     drop(c);
@@ -1433,16 +1436,11 @@ fn trim_and_retention_from_the_command_line() {
     // Retention by size: 2 MB of records through a 1 MiB retention.
     let c = Cluster::start(3, &["--retain-bytes", "1MiB"]);
     let record = "x".repeat(50_000);
-    let input: String = (0..40).map(|k| format!("{k:02}{record}\n")).collect();
-    let out = cli_with(&c.endpoints(), &["append"], Some(&input));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let indexes: Vec<u64> = lines(&out).iter().map(|l| l.parse().unwrap()).collect();
+    let big: Vec<String> = (0..40).map(|k| format!("{k:02}{record}")).collect();
+    let (out, indexes) = append_lines(&c.endpoints(), &big);
+    assert_ok(&out);
     let leader = c.wait_leader(Duration::from_secs(60));
-    let first = wait_first_index(&c, leader, indexes[1], Duration::from_secs(120));
+    let first = c.wait_status(leader, "first_index", indexes[1], Duration::from_secs(120));
     let out = cli_with(
         &c.nodes[&leader].client,
         &["read", "--from", &first.to_string(), "--format", "raw"],
@@ -1460,39 +1458,6 @@ fn trim_and_retention_from_the_command_line() {
         "the newest stay"
     );
     drop(c);
-
-    // Retention flags are checked at start.
-    for (flag, value, says) in [
-        ("--retain-bytes", "lots", "not a byte count"),
-        ("--retain-bytes", "1KiB", "at least"),
-        ("--retain-age", "0s", "above zero"),
-        ("--retain-age", "soon", "not a duration"),
-    ] {
-        let out = Command::new(BIN)
-            .args([
-                "serve",
-                "--id",
-                "1",
-                "--data-dir",
-                "/nonexistent/x",
-                "--listen",
-                "a:1",
-                "--client",
-                "a:2",
-                "--peers",
-                "1=a:1",
-                flag,
-                value,
-            ])
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{flag} {value} was accepted");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            err.contains(flag) && err.contains(says),
-            "{flag} {value}: {err}"
-        );
-    }
 }
 
 /// A tmpfs mounted for a test, unmounted when dropped.
@@ -1547,11 +1512,7 @@ fn a_full_disk_refuses_appends_reads_go_on_and_appends_resume_once_space_is_free
     }
     c.wait_leader(Duration::from_secs(60));
     let out = c.cli(&["transfer", "1"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let leader = c.nodes[&1].client.clone();
     // 60 kB records, 100 per append, until the leader refuses (about 64 MiB
     // of records), bounded by count.
@@ -1562,8 +1523,7 @@ fn a_full_disk_refuses_appends_reads_go_on_and_appends_resume_once_space_is_free
         let batch_lines: Vec<String> = (0..100)
             .map(|k| format!("{batch:02}-{k:03}-{record}"))
             .collect();
-        let out = cli_with(&leader, &["append"], Some(&(batch_lines.join("\n") + "\n")));
-        let indexes = lines(&out);
+        let (out, indexes) = append_lines(&leader, &batch_lines);
         acked.extend(batch_lines.into_iter().take(indexes.len()));
         if !out.status.success() {
             refusal = Some(String::from_utf8_lossy(&out.stderr).to_string());
@@ -1582,11 +1542,7 @@ fn a_full_disk_refuses_appends_reads_go_on_and_appends_resume_once_space_is_free
     );
     // Reads go on.
     let out = cli_with(&leader, &["read", "--from", "1", "--to", "5"], None);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     // Space freed: appends are taken again (the leader retries its log
     // every second; wait for that state, bounded by count).
     disk.resize("300m");

@@ -254,7 +254,12 @@ async fn a_full_disk_refuses_proposals_and_the_log_resumes_once_space_is_freed()
         control: Some(ringraft::Control::Trim { before: 2 }),
         ..ringraft::Command::default()
     };
-    drop(admission.admit(&[trim]).await.expect("a trim on a full disk"));
+    drop(
+        admission
+            .admit(&[trim])
+            .await
+            .expect("a trim on a full disk"),
+    );
     let mut second = append(&mut store, vec![entry(1, 3), entry(1, 4)]).await;
     assert!(flusher.has_work());
     flusher.step().unwrap();

@@ -1082,11 +1082,7 @@ impl<D: Disk> SegmentLog<D> {
 
     /// Bytes of the segment files (preallocated space included).
     pub fn disk_bytes(&self) -> u64 {
-        read_lock(&self.shared)
-            .segments
-            .iter()
-            .map(|s| s.file_len)
-            .sum()
+        self.reader().disk_bytes()
     }
 
     /// Number of segment files.
