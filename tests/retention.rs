@@ -12,7 +12,9 @@ use std::time::Duration;
 use ringraft::{Durability, LogRecord, Node, NodeError, Session};
 use ringraft_tests::{Cluster, Kind};
 
-const T: Duration = Duration::from_secs(30);
+/// Bound of every wait: generous, since giving storage back takes a snapshot
+/// and its fsync, which a machine busy writing can hold up for long.
+const T: Duration = Duration::from_secs(120);
 
 /// The daemon's setting: openraft purges only below a trim.
 fn log_is_data(cfg: &mut ringraft::NodeConfig) {
@@ -192,6 +194,48 @@ async fn a_follower_behind_a_trim_catches_up_by_snapshot_and_knows_where_its_log
     }
 }
 
+/// A follower that was down while the log was trimmed past its end, by
+/// less than the log kept: the leader keeps the entries it needs (its data
+/// directory stays within twice the retained log), so it catches up from
+/// the segments and holds the whole retained log, like every other node.
+/// Before, the leader purged at once and the follower got a snapshot,
+/// holding the log only from the snapshot on ("the follower does not hold
+/// the retained log: index 13 is below the first index this node holds
+/// (34)").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_briefly_behind_a_trim_catches_up_from_the_segments_and_holds_the_retained_log()
+{
+    let mut c = Cluster::start_with(Kind::Inproc, 3, Durability::Memory, 14, log_is_data).await;
+    let leader = c.leader().await;
+    let down = (1..=3).find(|id| *id != leader).unwrap();
+    let mut last = c.propose(b"before".to_vec(), T).await.unwrap().0;
+    c.wait_applied(last, T).await;
+    c.stop(down).await;
+    let mut acked = Vec::new();
+    let mut indexes = Vec::new();
+    for k in 0..30u32 {
+        let data = format!("while down {k}").into_bytes();
+        last = c.propose(data.clone(), T).await.unwrap().0;
+        acked.push(data);
+        indexes.push(last);
+    }
+    // Keep the last 20 records: the follower misses 10 below them.
+    let keep = indexes[10];
+    assert_eq!(c.node(leader).trim(keep).await.unwrap(), keep);
+    c.boot(down).await.unwrap();
+    let after = c.propose(b"after".to_vec(), T).await.unwrap().0;
+    acked.push(b"after".to_vec());
+    c.wait_applied(after, T).await;
+    let node = c.node(down);
+    wait_first(node, keep).await;
+    let records = all_records(node, keep)
+        .await
+        .unwrap_or_else(|e| panic!("the follower does not hold the retained log: {e}"));
+    assert_eq!(datas(&records), acked[10..].to_vec());
+    // Once it caught up, the leader gives the storage below the trim back.
+    wait_purged(c.node(leader), keep - 1).await;
+}
+
 /// Retention by size: the leader trims the oldest records so that the
 /// records kept take at most `retain_bytes` of segments, exact to the
 /// record, on every node.
@@ -215,10 +259,20 @@ async fn retention_by_size_trims_the_oldest_records_on_every_node() {
     }
     c.wait_applied(last, T).await;
     let leader = c.leader().await;
-    // The leader trims once its retention looks at the log (each second,
-    // and after each trim): wait for that state, bounded.
+    // Where retention must bring the log once every record is in the
+    // leader's segments: the leader trims there when its retention next
+    // looks at the log (each second, and after each trim). Earlier trims,
+    // made while records were still coming, stop short of it. Wait for
+    // that state, bounded.
+    let store = c.node(leader).log_store();
+    store.flush_all().await.unwrap();
+    let expected = store.retention_point(Some(RETAIN), None);
+    assert!(
+        expected > 100,
+        "retention keeps fewer than 100 records ({expected})"
+    );
     let mut watch = c.node(leader).watch_first_index();
-    let first = *tokio::time::timeout(T, watch.wait_for(|f| *f > 100))
+    let first = *tokio::time::timeout(T, watch.wait_for(|f| *f >= expected))
         .await
         .expect("retention trimmed the log")
         .unwrap();

@@ -421,6 +421,13 @@ impl LogStore {
         reader.retention_point(max_bytes, written_before)
     }
 
+    /// Bytes of the records from `index` to the end of the segments (`None`
+    /// when they do not hold `index`).
+    pub fn segment_bytes_from(&self, index: u64) -> Option<u64> {
+        let reader = self.wal().segment_reader();
+        reader.bytes_from(index)
+    }
+
     /// As [`LogStore::read_entries`], stopping once the entries read take
     /// `max_bytes` of record payload (at least one entry is read when the
     /// range is not empty).

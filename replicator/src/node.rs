@@ -241,7 +241,7 @@ pub enum NodeError {
 
 /// How often retention looks at the log (also after every trim).
 const RETENTION_CHECK: Duration = Duration::from_secs(1);
-/// How long one retention step waits for a snapshot or a trim.
+/// How long one retention step waits for a trim.
 const RETENTION_WAIT: Duration = Duration::from_secs(30);
 
 /// Runs [`Node::keep_retention`] after every change of the first index kept
@@ -1194,20 +1194,18 @@ impl Node {
         let raft = &self.inner.raft;
         let first = *self.inner.sm.watch_first().borrow();
         if first > 1 {
-            let upto = first - 1;
             let m = raft.metrics().borrow_watched().clone();
-            if m.purged.is_none_or(|p| p.index < upto) {
+            if let Some(upto) = self.purge_point(first, &m)
+                && m.purged.is_none_or(|p| p.index < upto)
+            {
+                // openraft purges only what a snapshot covers: take one
+                // first (purged at a later round; no waiting here, so that
+                // trims go on meanwhile).
                 if m.snapshot.is_none_or(|s| s.index < upto) {
                     let _ = raft.trigger().snapshot().await;
-                    let _ = raft
-                        .wait(Some(RETENTION_WAIT))
-                        .metrics(
-                            |m| m.snapshot.is_some_and(|s| s.index >= upto),
-                            "a snapshot covers the trimmed entries",
-                        )
-                        .await;
+                } else {
+                    let _ = raft.trigger().purge_log(upto).await;
                 }
-                let _ = raft.trigger().purge_log(upto).await;
             }
         }
         let config = &self.inner.config;
@@ -1237,6 +1235,38 @@ impl Node {
                 }
                 Err(_) => tracing::warn!(node = config.id, "retention: trim timed out"),
             }
+        }
+    }
+
+    /// How far openraft may purge below the first index kept, `first`.
+    /// Followers purge up to it. A leader keeps the entries a lagging
+    /// follower still needs, so that it catches up from the segments rather
+    /// than by a snapshot (which carries the trim, not the records between
+    /// the trim and the snapshot): as long as the bytes kept for it stay
+    /// within those of the retained log, i.e. the data directory within
+    /// twice the retention.
+    /// `None`: nothing may be purged yet.
+    fn purge_point(&self, first: u64, m: &openraft::RaftMetrics<TypeConfig>) -> Option<u64> {
+        let upto = Some(first - 1);
+        let Some(replication) = &m.replication else {
+            return upto;
+        };
+        let lowest_next = replication
+            .iter()
+            .filter(|(id, _)| **id != self.inner.config.id)
+            .map(|(_, matched)| matched.map_or(0, |l| l.index + 1))
+            .min()
+            .unwrap_or(first);
+        if lowest_next >= first {
+            return upto;
+        }
+        let store = &self.inner.store;
+        match (
+            store.segment_bytes_from(lowest_next),
+            store.segment_bytes_from(first),
+        ) {
+            (Some(needed), Some(kept)) if needed - kept <= kept => lowest_next.checked_sub(1),
+            _ => upto,
         }
     }
 

@@ -419,6 +419,21 @@ impl<D: Disk> SegmentReader<D> {
         point
     }
 
+    /// Bytes of the records from `index` to the end of the log (`None`
+    /// when the segments do not hold `index`).
+    pub fn bytes_from(&self, index: u64) -> Option<u64> {
+        let shared = read_lock(&self.shared);
+        let i = shared.find(index)?;
+        let in_first = shared.segments[i].end - shared.segments[i].record_range(index).0;
+        let rest: u64 = shared
+            .segments
+            .iter()
+            .skip(i + 1)
+            .map(|s| s.offsets.first().map_or(0, |&o| s.end - o as u64))
+            .sum();
+        Some(in_first + rest)
+    }
+
     /// Bytes of the segment files (preallocated space included).
     pub fn disk_bytes(&self) -> u64 {
         read_lock(&self.shared)

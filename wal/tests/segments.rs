@@ -1421,7 +1421,9 @@ fn wal_check_after_a_reboot_checks_the_segments_alone() {
     );
 }
 
-/// Issue 11, item 5: where retention starts the log. By size it is exact
+/// Issue 11, item 5: where retention starts the log, and the bytes from an
+/// index on (what a leader weighs before it keeps entries for a lagging
+/// follower). By size it is exact
 /// to the record (the records from the point on take at most the budget,
 /// one more would not fit); by age whole closed segments go, never the last.
 #[test]
@@ -1434,9 +1436,11 @@ fn retention_point_is_exact_to_the_record_by_size_and_whole_segments_by_age() {
     assert_eq!(reader.retention_point(None, None), first);
     assert_eq!(reader.retention_point(Some(u64::MAX), None), first);
     assert_eq!(reader.retention_point(Some(0), None), next);
+    assert_eq!(reader.bytes_from(next), None, "past the end");
     let end = log.lsn_end();
     for k in first..next {
         let from_k = end - log.lsn_of(k).unwrap();
+        assert_eq!(reader.bytes_from(k), Some(from_k), "index {k}");
         assert_eq!(reader.retention_point(Some(from_k), None), k, "index {k}");
         assert_eq!(
             reader.retention_point(Some(from_k - 1), None),
