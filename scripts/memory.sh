@@ -33,45 +33,16 @@ while [[ $# -gt 0 ]]; do
 done
 say() { printf '[memory] %s\n' "$*"; }
 
-cargo build --release --locked -p ringraft-cli --bin ringraft >&2
-BIN=$PWD/target/release/ringraft
-[[ -n ${CARGO_TARGET_DIR:-} ]] && BIN=$CARGO_TARGET_DIR/release/ringraft
-
-WORK=$(mktemp -d "$PARENT/ringraft-memory.XXXXXX")
-RING_DIR=$(mktemp -d /dev/shm/ringraft-memory.XXXXXX)
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$WORK" "$RING_DIR"
-}
-trap cleanup EXIT
-
-peers="" endpoints=""
-for i in 1 2 3; do
-    peers+="${peers:+,}$i=127.0.0.1:$((BASE_PORT + i))"
-    endpoints+="${endpoints:+,}127.0.0.1:$((BASE_PORT + 10 + i))"
-done
 retain_flag=(--retain-bytes "$RETAIN")
 if [[ $RETAIN == none ]]; then retain_flag=(); RETAIN=256MiB; fi
-for i in 1 2 3; do
-    boot=(); [[ $i == 1 ]] && boot=(--bootstrap)
-    RUST_LOG=warn "$BIN" serve --id "$i" --data-dir "$WORK/n$i" --ring-dir "$RING_DIR" \
-        --listen "127.0.0.1:$((BASE_PORT + i))" --client "127.0.0.1:$((BASE_PORT + 10 + i))" \
-        --peers "$peers" --fabric tcp --durability "$DURABILITY" "${retain_flag[@]}" \
-        "${boot[@]}" > "$WORK/n$i.log" 2>&1 &
-    PIDS+=($!)
-done
-for _ in $(seq 100); do
-    "$BIN" status --endpoints "$endpoints" --timeout-ms 500 > /dev/null 2>&1 && break
-    sleep 0.2
-done
+# shellcheck source=local-cluster.sh
+. scripts/local-cluster.sh
+local_cluster_start memory "$PARENT" "$BASE_PORT" --durability "$DURABILITY" "${retain_flag[@]}"
+endpoints=$ENDPOINTS
 
 # The load: a first bench of 10 s (the baseline), then one that appends the
 # rest; bench reports how many records went in.
 bench() { "$BIN" bench --endpoints "$endpoints" --clients 16 --size 4096 --duration "$1" --json --quiet; }
-json_num() { grep -o "\"$1\": *[0-9.eE+-]*" | head -n 1 | sed 's/.*: *//'; }
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 dir_bytes() { du -sb "$1" 2> /dev/null | cut -f1; }
 sample() { # -> "rss1 rss2 rss3 dir1 dir2 dir3"

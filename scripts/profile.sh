@@ -14,6 +14,8 @@
 # stat: CPU time, context switches), flushes.txt (perf trace -s of
 # fdatasync and pwritev only), syscalls.txt (perf trace -s of every call),
 # timeline.txt (perf trace, 0.3 s of the load), cpu.txt (perf report).
+# Each perf command is bounded (SIGINT after --secs + 30 s): perf trace was
+# seen spinning instead of ending once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,40 +34,11 @@ command -v perf > /dev/null || { echo "needs perf (apt-get install linux-perf)" 
 mkdir -p "$OUT"
 say() { printf '[profile] %s\n' "$*"; }
 
-cargo build --release --locked -p ringraft-cli --bin ringraft >&2
-BIN=${CARGO_TARGET_DIR:-$PWD/target}/release/ringraft
-
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/ringraft-profile-nodes.XXXXXX")
-RING_DIR=$(mktemp -d /dev/shm/ringraft-profile.XXXXXX)
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2> /dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2> /dev/null || true; done
-    rm -rf "$WORK" "$RING_DIR"
-}
-trap cleanup EXIT
-
-BASE=27600 peers="" endpoints=""
-for i in 1 2 3; do
-    peers+="${peers:+,}$i=127.0.0.1:$((BASE + i))"
-    endpoints+="${endpoints:+,}127.0.0.1:$((BASE + 10 + i))"
-done
-for i in 1 2 3; do
-    boot=(); [[ $i == 1 ]] && boot=(--bootstrap)
-    RUST_LOG=warn "$BIN" serve --id "$i" --data-dir "$WORK/n$i" --ring-dir "$RING_DIR" \
-        --listen "127.0.0.1:$((BASE + i))" --client "127.0.0.1:$((BASE + 10 + i))" \
-        --peers "$peers" --fabric tcp --durability fsync "${boot[@]}" > "$WORK/n$i.log" 2>&1 &
-    PIDS+=($!)
-done
-leader=""
-for _ in $(seq 150); do
-    leader=$("$BIN" status --endpoints "$endpoints" --json --timeout-ms 500 2> /dev/null \
-        | grep -o '"leader_id": *[0-9][0-9]*' | grep -o '[0-9]*$' || true)
-    [[ -n $leader ]] && break
-    sleep 0.2
-done
-[[ -n $leader ]] || { echo "no leader within 30 s" >&2; exit 1; }
+BASE=27600
+# shellcheck source=local-cluster.sh
+. scripts/local-cluster.sh
+local_cluster_start profile "${TMPDIR:-/tmp}" "$BASE" --durability fsync
+leader=$LEADER
 pids=$(IFS=,; echo "${PIDS[*]}")
 say "leader: node $leader; node pids ${PIDS[*]}; results in $OUT"
 
@@ -76,21 +49,21 @@ bench 3 > /dev/null # warm-up
 bench "$SECS" > "$OUT/bench.txt"
 
 # 1. Context switches and CPU time of the nodes (counters: cheap).
-perf stat -e task-clock,context-switches,cpu-migrations -p "$pids" -o "$OUT/counters.txt" -- sleep "$SECS" &
+timeout -s INT "$((SECS + 30))" perf stat -e task-clock,context-switches,cpu-migrations -p "$pids" -o "$OUT/counters.txt" -- sleep "$SECS" &
 tracer=$!
 sleep 0.5
 bench "$((SECS - 1))" > "$OUT/bench-counters.txt"
 wait "$tracer" || true
 
 # 2. The flushes alone (only these calls traced): their count and time.
-perf trace -s -e fdatasync,pwritev -p "$pids" -o "$OUT/flushes.txt" -- sleep "$SECS" &
+timeout -s INT "$((SECS + 30))" perf trace -s -e fdatasync,pwritev -p "$pids" -o "$OUT/flushes.txt" -- sleep "$SECS" &
 tracer=$!
 sleep 0.5
 bench "$((SECS - 1))" > "$OUT/bench-flushes.txt"
 wait "$tracer" || true
 
 # 3. Every system call, summed per thread (heavier: it slows the load).
-perf trace -s -p "$pids" -o "$OUT/syscalls.txt" -- sleep "$SECS" &
+timeout -s INT "$((SECS + 30))" perf trace -s -p "$pids" -o "$OUT/syscalls.txt" -- sleep "$SECS" &
 tracer=$!
 sleep 0.5
 bench "$((SECS - 1))" > "$OUT/bench-syscalls.txt"
@@ -100,11 +73,11 @@ wait "$tracer" || true
 bench 4 > /dev/null &
 load=$!
 sleep 1.5
-perf trace -p "$pids" -o "$OUT/timeline.txt" -- sleep 0.3 || true
+timeout -s INT "$((SECS + 30))" perf trace -p "$pids" -o "$OUT/timeline.txt" -- sleep 0.3 || true
 wait "$load"
 
 # 5. Where the CPU goes (all threads of the nodes).
-perf record -q -F 2999 -g -p "$pids" -o "$OUT/perf.data" -- sleep "$SECS" 2> /dev/null &
+timeout -s INT "$((SECS + 30))" perf record -q -F 2999 -g -p "$pids" -o "$OUT/perf.data" -- sleep "$SECS" 2> /dev/null &
 recorder=$!
 sleep 0.5
 bench "$((SECS - 1))" > "$OUT/bench-cpu.txt"

@@ -266,7 +266,7 @@ async fn retention_by_size_trims_the_oldest_records_on_every_node() {
     // that state, bounded.
     let store = c.node(leader).log_store();
     store.flush_all().await.unwrap();
-    let expected = store.retention_point(Some(RETAIN), None);
+    let expected = store.segments().retention_point(Some(RETAIN), None);
     assert!(
         expected > 100,
         "retention keeps fewer than 100 records ({expected})"

@@ -77,7 +77,7 @@ pub fn render(node: &Node) -> String {
         &mut registry,
         "segment_bytes",
         "Bytes of the log's segment files on disk",
-        node.log_store().segment_disk_bytes() as i64,
+        node.log_store().segments().disk_bytes() as i64,
     );
     gauge(
         &mut registry,

@@ -399,33 +399,15 @@ impl LogStore {
         self.inner.flush.lock().disk_full().map(str::to_string)
     }
 
-    /// Bytes of the segment files on disk (preallocated space included).
-    pub fn segment_disk_bytes(&self) -> u64 {
-        let reader = self.wal().segment_reader();
-        reader.disk_bytes()
+    /// A reader of the segment log (read without the wal lock): its
+    /// range, sizes, and where retention would start it.
+    pub fn segments(&self) -> ringraft_wal::SegmentReader<ringraft_wal::RealDisk> {
+        self.wal().segment_reader()
     }
 
     /// The first index this node's log holds (earlier ones were purged).
     pub fn first_index(&self) -> u64 {
         self.wal().first_index()
-    }
-
-    /// Where the segments' retention would start the log (see
-    /// [`SegmentReader::retention_point`](ringraft_wal::SegmentReader::retention_point)).
-    pub fn retention_point(
-        &self,
-        max_bytes: Option<u64>,
-        written_before: Option<std::time::SystemTime>,
-    ) -> u64 {
-        let reader = self.wal().segment_reader();
-        reader.retention_point(max_bytes, written_before)
-    }
-
-    /// Bytes of the records from `index` to the end of the segments (`None`
-    /// when they do not hold `index`).
-    pub fn segment_bytes_from(&self, index: u64) -> Option<u64> {
-        let reader = self.wal().segment_reader();
-        reader.bytes_from(index)
     }
 
     /// As [`LogStore::read_entries`], stopping once the entries read take

@@ -1223,6 +1223,7 @@ impl Node {
         let point = self
             .inner
             .store
+            .segments()
             .retention_point(config.retain_bytes, written_before)
             .min(applied + 1);
         if point > first.max(1) {
@@ -1260,11 +1261,8 @@ impl Node {
         if lowest_next >= first {
             return upto;
         }
-        let store = &self.inner.store;
-        match (
-            store.segment_bytes_from(lowest_next),
-            store.segment_bytes_from(first),
-        ) {
+        let segments = self.inner.store.segments();
+        match (segments.bytes_from(lowest_next), segments.bytes_from(first)) {
             (Some(needed), Some(kept)) if needed - kept <= kept => lowest_next.checked_sub(1),
             _ => upto,
         }
