@@ -510,3 +510,28 @@ async fn a_pipelining_clients_records_keep_their_send_order() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proposals_in_flight_counts_calls_not_yet_answered() {
+    let cluster = Cluster::start(Kind::Inproc, 3, Durability::Memory, 21).await;
+    let leader = cluster.leader().await;
+    let node = cluster.node(leader).clone();
+    assert_eq!(node.metrics().proposals_in_flight.get(), 0);
+    // The leader's fabric held: its proposal cannot commit until resumed.
+    cluster.fabric.pause(&format!("node{leader}"));
+    let proposer = {
+        let node = node.clone();
+        tokio::spawn(async move { node.propose(b"held".to_vec()).await })
+    };
+    let deadline = tokio::time::Instant::now() + T;
+    while node.metrics().proposals_in_flight.get() != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the held proposal never showed as in flight"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cluster.fabric.resume(&format!("node{leader}"));
+    proposer.await.unwrap().unwrap();
+    assert_eq!(node.metrics().proposals_in_flight.get(), 0);
+}

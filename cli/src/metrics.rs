@@ -69,6 +69,12 @@ pub fn render(node: &Node) -> String {
     );
     gauge(
         &mut registry,
+        "proposals_in_flight",
+        "Proposals made through this node (appends and trims) not yet answered",
+        m.proposals_in_flight.get(),
+    );
+    gauge(
+        &mut registry,
         "first_index",
         "First index this node holds (0: nothing trimmed)",
         (*node.watch_first_index().borrow()).max(node.log_store().first_index()) as i64,

@@ -2,7 +2,7 @@
 //! metrics cover the protocol). Plain atomics: the daemon exports them to
 //! Prometheus.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// A monotonic counter.
@@ -21,6 +21,33 @@ impl Counter {
     /// The value.
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A value that goes up and down (things in flight).
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicI64);
+
+impl Gauge {
+    /// Adds one until the returned guard is dropped.
+    pub fn track(&self) -> GaugeGuard<'_> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        GaugeGuard(self)
+    }
+    /// The value.
+    pub fn get(&self) -> i64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Takes back the one its [`Gauge::track`] added, on drop (also when the
+/// future holding it is cancelled).
+#[derive(Debug)]
+pub struct GaugeGuard<'a>(&'a Gauge);
+
+impl Drop for GaugeGuard<'_> {
+    fn drop(&mut self) {
+        self.0.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -85,6 +112,10 @@ pub struct Metrics {
     pub commit_latency: Histogram,
     /// Proposals committed.
     pub proposals: Counter,
+    /// Calls of [`Node::propose_batch`](crate::Node::propose_batch) (and
+    /// the calls built on it) that have not returned yet: the fault
+    /// harness's `freeze` nemesis stops a leader once a batch is in.
+    pub proposals_in_flight: Gauge,
     /// Times this node took a follower's fence.
     pub fence_changes: Counter,
     /// Written records a follower refused (or this node refused).

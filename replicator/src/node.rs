@@ -881,6 +881,7 @@ impl Node {
         session: Option<Session>,
         records: Vec<Vec<u8>>,
     ) -> Result<Vec<Response>, NodeError> {
+        let _in_flight = self.inner.metrics.proposals_in_flight.track();
         if let Some(s) = session
             && (s.seq < crate::types::FIRST_SEQ
                 || s.seq.checked_add(records.len() as u64).is_none())
