@@ -7,8 +7,8 @@ mod checker_support;
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use ringraft_jepsen::checker::{AnomalyKind as K, check_history};
-use ringraft_jepsen::history::{Consistency, Event, EventType, FinalRecord, Op, ReadRecord};
+use ringraft_checker::history::{Consistency, Event, EventType, FinalRecord, Op, ReadRecord};
+use ringraft_checker::{AnomalyKind as K, check_history};
 
 /// splitmix64: a tiny deterministic generator for the simulation.
 struct Rng(u64);
