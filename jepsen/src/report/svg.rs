@@ -278,10 +278,7 @@ fn fault_color(fault: &str) -> &'static str {
     }
 }
 
-/// `plot.svg`: ok throughput per second (top) and ok latency p50/max in ms
-/// on a log scale (bottom), against seconds since the start, with the fault
-/// windows shaded and labelled.
-
+/// A panel's frame, its y label, and the time axis below it.
 fn axes(s: &mut String, top: f64, h: f64, w: f64, left: f64, span_ns: u64, label: &str) {
     let bottom = top + h;
     let _ = writeln!(
