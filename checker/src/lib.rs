@@ -34,3 +34,8 @@ pub use recorder::{OpHandle, Outstanding, ReadHandle, Recorder};
 pub use rules::{IsolationWindow, check_history, isolation_windows};
 pub use run::{Run, check, check_run, load_run};
 pub use verdict::{Anomaly, AnomalyKind, OpRef, Summary, Verdict};
+
+/// The README's example, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
