@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ringraft_checker::history::{Event, FinalRecord};
-use ringraft_checker::{AnomalyKind as K, CheckError, FinalLogs, Recorder, Verdict, check_history};
+use ringraft_checker::{
+    AnomalyKind as K, CheckError, FinalLogs, OpHandle, Recorder, Verdict, check_history,
+};
 
 /// A recorder whose clock advances by 10 ns at every event.
 fn recorder() -> Recorder {
@@ -69,14 +71,26 @@ fn finals_with_stale_in(term: u64) -> FinalLogs {
     ])
 }
 
-#[test]
-fn an_isolated_leader_whose_writes_never_become_valid_passes() {
+/// The whole scenario with one append, `stale`, sent to node 1 while it is
+/// isolated; `complete` ends it, before the heal or after it.
+fn with_stale_append(complete: impl FnOnce(&Recorder, OpHandle), after_heal: bool) -> Recorder {
     let rec = recorder();
     before_isolation(&rec);
     let stale = rec.invoke_append_via(rec.fresh_process(), 1, "stale");
     new_leader_writes(&rec);
-    rec.info(stale, "timeout");
-    rec.leader_healed(1, 1);
+    if after_heal {
+        rec.leader_healed(1, 1);
+        complete(&rec, stale);
+    } else {
+        complete(&rec, stale);
+        rec.leader_healed(1, 1);
+    }
+    rec
+}
+
+#[test]
+fn an_isolated_leader_whose_writes_never_become_valid_passes() {
+    let rec = with_stale_append(|rec, stale| rec.info(stale, "timeout"), false);
     let v = rec.check(&finals_with_stale_in(2));
     assert!(v.valid, "{v}");
     assert_eq!(v.summary.acked_appends, 5);
@@ -84,12 +98,8 @@ fn an_isolated_leader_whose_writes_never_become_valid_passes() {
 
 #[test]
 fn an_isolated_leader_that_acknowledges_is_a_stale_leader_ack() {
-    let rec = recorder();
-    before_isolation(&rec);
-    let stale = rec.invoke_append_via(rec.fresh_process(), 1, "stale");
-    rec.ok(stale, 4); // before the heal: no quorum could have confirmed it
-    new_leader_writes(&rec);
-    rec.leader_healed(1, 1);
+    // Before the heal: no quorum could have confirmed it.
+    let rec = with_stale_append(|rec, stale| rec.ok(stale, 4), false);
     let v = rec.check(&finals_with_stale_in(2));
     assert_kinds(&v, &[K::StaleLeaderAck]);
     assert_eq!(v.anomalies[0].nodes, vec![1]);
@@ -97,24 +107,15 @@ fn an_isolated_leader_that_acknowledges_is_a_stale_leader_ack() {
 
 #[test]
 fn an_acknowledgement_after_the_heal_is_not_a_stale_leader_ack() {
-    let rec = recorder();
-    before_isolation(&rec);
-    let stale = rec.invoke_append_via(rec.fresh_process(), 1, "stale");
-    new_leader_writes(&rec);
-    rec.leader_healed(1, 1);
-    rec.ok(stale, 4); // the client's retry reached the new leader
+    // The client's retry reached the new leader.
+    let rec = with_stale_append(|rec, stale| rec.ok(stale, 4), true);
     let v = rec.check(&finals_with_stale_in(2));
     assert!(v.valid, "{v}");
 }
 
 #[test]
 fn a_stale_leaders_write_under_its_own_term_is_a_stale_leader_write() {
-    let rec = recorder();
-    before_isolation(&rec);
-    let stale = rec.invoke_append_via(rec.fresh_process(), 1, "stale");
-    new_leader_writes(&rec);
-    rec.info(stale, "timeout");
-    rec.leader_healed(1, 1);
+    let rec = with_stale_append(|rec, stale| rec.info(stale, "timeout"), false);
     let v = rec.check(&finals_with_stale_in(1));
     assert_kinds(&v, &[K::StaleLeaderWrite]);
     assert_eq!(v.anomalies[0].indexes, vec![4]);

@@ -51,17 +51,14 @@ pub fn isolation_windows(events: &[Event]) -> Result<Vec<IsolationWindow>, Check
     let mut windows: Vec<IsolationWindow> = Vec::new();
     let mut problems = Vec::new();
     for (at, ev) in events.iter().enumerate() {
-        let Op::Nemesis {
-            fault,
-            value,
-            phase,
-        } = &ev.op
-        else {
-            continue;
+        let (value, phase) = match &ev.op {
+            Op::Nemesis {
+                fault,
+                value,
+                phase,
+            } if fault == ISOLATED_LEADER => (value, phase),
+            _ => continue,
         };
-        if fault != ISOLATED_LEADER {
-            continue;
-        }
         let problem = |what: &str| format!("event #{} (time {} ns): {what}", at + 1, ev.time);
         let Some((node, term)) = node_and_term(value) else {
             problems.push(problem(&format!(
