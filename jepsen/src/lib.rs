@@ -2,10 +2,11 @@
 //!
 //! Jepsen-style fault testing of ringraft clusters.
 //!
-//! - [`history`]: the operation history (JSON lines, and Jepsen's EDN);
-//! - [`checker`]: the checker, which reads a history and the nodes' final
-//!   logs and knows nothing of ringraft's code;
-//! - [`report`]: the summary report (text) and the plot (SVG).
+//! - [`history`] and [`checker`]: the history format and the checker's
+//!   rules, re-exported from the `ringraft-checker` crate (`checker/`),
+//!   which knows nothing of ringraft's code;
+//! - [`report`]: the summary report (text, JSON), the plot (SVG) and the
+//!   history in Jepsen's EDN.
 //!
 //! The runner drives real `ringraft serve` processes and writes what the
 //! clients saw:
@@ -16,8 +17,8 @@
 //! - [`tail`]: damage to a stopped node's ring tail;
 //! - [`rng`]: the seeded generator.
 
-pub mod checker;
-pub mod history;
+pub use ringraft_checker as checker;
+pub use ringraft_checker::history;
 pub mod nemesis;
 pub mod report;
 pub mod rng;

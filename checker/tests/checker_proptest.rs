@@ -7,8 +7,8 @@ mod checker_support;
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use ringraft_jepsen::checker::{AnomalyKind as K, check_history};
-use ringraft_jepsen::history::{Consistency, Event, EventType, FinalRecord, Op, ReadRecord};
+use ringraft_checker::history::{Consistency, Event, EventType, FinalRecord, Op, ReadRecord};
+use ringraft_checker::{AnomalyKind as K, check_history};
 
 /// splitmix64: a tiny deterministic generator for the simulation.
 struct Rng(u64);
@@ -43,12 +43,18 @@ enum Pending {
 }
 
 struct Sim {
+    rng: Rng,
     events: Vec<Event>,
     /// The log: index -> data (gaps are blank entries).
     log: BTreeMap<u64, String>,
     next_index: u64,
     /// Highest index an append was acknowledged at.
     max_acked: u64,
+    time: u64,
+    /// Per client slot: its current process and its outstanding operation.
+    procs: Vec<(u64, Option<Pending>)>,
+    next_process: u64,
+    next_data: u64,
 }
 
 /// Simulates `clients` processes against one linearizable log: each operation
@@ -58,67 +64,42 @@ fn simulate(
     clients: u64,
     steps: usize,
 ) -> (Vec<Event>, BTreeMap<u64, Vec<FinalRecord>>) {
-    let mut rng = Rng(seed);
     let mut sim = Sim {
+        rng: Rng(seed),
         events: Vec::new(),
         log: BTreeMap::new(),
         next_index: 1,
         max_acked: 0,
+        time: 0,
+        procs: (0..clients).map(|p| (p, None)).collect(),
+        next_process: clients,
+        next_data: 0,
     };
-    let mut time = 0u64;
-    let mut next_process = clients;
-    let mut procs: Vec<(u64, Option<Pending>)> = (0..clients).map(|p| (p, None)).collect();
-    let mut next_data = 0u64;
     for _ in 0..steps {
-        time += 1 + rng.below(3);
-        let slot = rng.below(clients) as usize;
-        let process = procs[slot].0;
-        match procs[slot].1.take() {
+        sim.time += 1 + sim.rng.below(3);
+        let slot = sim.rng.below(clients) as usize;
+        sim.step(slot);
+    }
+    // Operations still outstanding stay pending (possibly applied).
+    let finals = sim.finals();
+    (sim.events, finals)
+}
+
+impl Sim {
+    /// One step of the client in `slot`: invoke, take effect, or complete.
+    fn step(&mut self, slot: usize) {
+        let process = self.procs[slot].0;
+        match self.procs[slot].1.take() {
             None => {
-                let pending = if rng.chance(55) {
-                    next_data += 1;
-                    let data = format!("v{next_data}");
-                    sim.events
-                        .push(Event::append_invoke(time, process, data.clone()));
-                    Pending::Append {
-                        data,
-                        applied: None,
-                    }
-                } else {
-                    let consistency = match rng.below(3) {
-                        0 => Consistency::Linearizable,
-                        1 => Consistency::Lease,
-                        _ => Consistency::Stale,
-                    };
-                    let from = 1 + rng.below(sim.next_index + 1);
-                    let to = if rng.chance(50) {
-                        None
-                    } else {
-                        Some(from + rng.below(6))
-                    };
-                    sim.events
-                        .push(Event::read_invoke(time, process, from, to, consistency));
-                    Pending::Read {
-                        from,
-                        to,
-                        consistency,
-                        seen: None,
-                    }
-                };
-                procs[slot].1 = Some(pending);
+                let pending = self.invoke(process);
+                self.procs[slot].1 = Some(pending);
             }
             Some(Pending::Append {
                 data,
                 applied: None,
-            }) if rng.chance(60) => {
-                // Takes effect now; a blank entry sometimes precedes it.
-                if rng.chance(15) {
-                    sim.next_index += 1;
-                }
-                let index = sim.next_index;
-                sim.next_index += 1;
-                sim.log.insert(index, data.clone());
-                procs[slot].1 = Some(Pending::Append {
+            }) if self.rng.chance(60) => {
+                let index = self.apply_append(data.clone());
+                self.procs[slot].1 = Some(Pending::Append {
                     data,
                     applied: Some(index),
                 });
@@ -128,24 +109,9 @@ fn simulate(
                 to,
                 consistency,
                 seen: None,
-            }) if rng.chance(60) => {
-                let mut limit = to.unwrap_or(u64::MAX);
-                if consistency == Consistency::Stale {
-                    // A lagging node: any prefix of the log.
-                    limit = limit.min(rng.below(sim.next_index + 1));
-                }
-                let seen = if limit < from {
-                    Vec::new()
-                } else {
-                    sim.log
-                        .range(from..=limit)
-                        .map(|(&index, data)| ReadRecord {
-                            index,
-                            data: data.clone(),
-                        })
-                        .collect()
-                };
-                procs[slot].1 = Some(Pending::Read {
+            }) if self.rng.chance(60) => {
+                let seen = self.apply_read(from, to, consistency);
+                self.procs[slot].1 = Some(Pending::Read {
                     from,
                     to,
                     consistency,
@@ -153,71 +119,162 @@ fn simulate(
                 });
             }
             Some(Pending::Append { data, applied }) => {
-                let kind = match applied {
-                    Some(_) if rng.chance(85) => EventType::Ok,
-                    None if rng.chance(50) => EventType::Fail,
-                    _ => EventType::Info,
-                };
-                let index = if kind == EventType::Ok { applied } else { None };
-                if let Some(i) = index {
-                    sim.max_acked = sim.max_acked.max(i);
-                }
-                sim.events
-                    .push(Event::append_completion(time, process, kind, data, index));
-                finish(&mut procs[slot], kind, &mut next_process);
+                let kind = self.complete_append(process, data, applied);
+                self.finish(slot, kind);
             }
-            Some(Pending::Read {
-                from,
-                to,
-                consistency,
-                seen,
-            }) => {
-                let kind = match &seen {
-                    Some(_) if rng.chance(90) => EventType::Ok,
-                    _ if rng.chance(50) => EventType::Fail,
-                    _ => EventType::Info,
-                };
-                let records = if kind == EventType::Ok { seen } else { None };
-                sim.events.push(Event::read_completion(
-                    time,
-                    process,
-                    kind,
-                    from,
-                    to,
-                    consistency,
-                    records,
-                ));
-                finish(&mut procs[slot], kind, &mut next_process);
+            Some(read @ Pending::Read { .. }) => {
+                let kind = self.complete_read(process, read);
+                self.finish(slot, kind);
             }
         }
     }
-    // Operations still outstanding stay pending (possibly applied).
-    let full: Vec<FinalRecord> = sim
-        .log
-        .iter()
-        .map(|(&index, data)| FinalRecord {
-            index,
-            term: 1,
-            data: data.clone(),
-        })
-        .collect();
-    let mut finals = BTreeMap::new();
-    // Node 1 holds the whole committed log; the others may lag, but only
-    // behind the last acknowledged append (they must hold every ack).
-    finals.insert(1, full.clone());
-    for node in 2..=3u64 {
-        let keep = full.iter().filter(|r| r.index <= sim.max_acked).count();
-        let len = keep + rng.below((full.len() - keep) as u64 + 1) as usize;
-        finals.insert(node, full[..len].to_vec());
-    }
-    (sim.events, finals)
-}
 
-fn finish(slot: &mut (u64, Option<Pending>), kind: EventType, next_process: &mut u64) {
-    if kind == EventType::Info {
-        // Jepsen's rule: a process whose operation is unknown is replaced.
-        slot.0 = *next_process;
-        *next_process += 1;
+    /// A new operation of `process`: an append of fresh data (55 %) or a
+    /// read of any consistency.
+    fn invoke(&mut self, process: u64) -> Pending {
+        let time = self.time;
+        if self.rng.chance(55) {
+            self.next_data += 1;
+            let data = format!("v{}", self.next_data);
+            self.events
+                .push(Event::append_invoke(time, process, data.clone()));
+            return Pending::Append {
+                data,
+                applied: None,
+            };
+        }
+        let consistency = match self.rng.below(3) {
+            0 => Consistency::Linearizable,
+            1 => Consistency::Lease,
+            _ => Consistency::Stale,
+        };
+        let from = 1 + self.rng.below(self.next_index + 1);
+        let to = if self.rng.chance(50) {
+            None
+        } else {
+            Some(from + self.rng.below(6))
+        };
+        self.events
+            .push(Event::read_invoke(time, process, from, to, consistency));
+        Pending::Read {
+            from,
+            to,
+            consistency,
+            seen: None,
+        }
+    }
+
+    /// The append takes effect now; a blank entry sometimes precedes it.
+    fn apply_append(&mut self, data: String) -> u64 {
+        if self.rng.chance(15) {
+            self.next_index += 1;
+        }
+        let index = self.next_index;
+        self.next_index += 1;
+        self.log.insert(index, data);
+        index
+    }
+
+    /// The read takes effect now: what the log holds in its range (a stale
+    /// read: any prefix of it, as a lagging node would serve).
+    fn apply_read(
+        &mut self,
+        from: u64,
+        to: Option<u64>,
+        consistency: Consistency,
+    ) -> Vec<ReadRecord> {
+        let mut limit = to.unwrap_or(u64::MAX);
+        if consistency == Consistency::Stale {
+            limit = limit.min(self.rng.below(self.next_index + 1));
+        }
+        if limit < from {
+            return Vec::new();
+        }
+        self.log
+            .range(from..=limit)
+            .map(|(&index, data)| ReadRecord {
+                index,
+                data: data.clone(),
+            })
+            .collect()
+    }
+
+    /// The append completes: mostly `ok` if it took effect, else `fail` or
+    /// `info`.
+    fn complete_append(&mut self, process: u64, data: String, applied: Option<u64>) -> EventType {
+        let kind = match applied {
+            Some(_) if self.rng.chance(85) => EventType::Ok,
+            None if self.rng.chance(50) => EventType::Fail,
+            _ => EventType::Info,
+        };
+        let index = if kind == EventType::Ok { applied } else { None };
+        if let Some(i) = index {
+            self.max_acked = self.max_acked.max(i);
+        }
+        self.events.push(Event::append_completion(
+            self.time, process, kind, data, index,
+        ));
+        kind
+    }
+
+    /// The read completes: mostly `ok` if it took effect, else `fail` or
+    /// `info`.
+    fn complete_read(&mut self, process: u64, read: Pending) -> EventType {
+        let Pending::Read {
+            from,
+            to,
+            consistency,
+            seen,
+        } = read
+        else {
+            unreachable!("complete_read is given reads")
+        };
+        let kind = match &seen {
+            Some(_) if self.rng.chance(90) => EventType::Ok,
+            _ if self.rng.chance(50) => EventType::Fail,
+            _ => EventType::Info,
+        };
+        let records = if kind == EventType::Ok { seen } else { None };
+        self.events.push(Event::read_completion(
+            self.time,
+            process,
+            kind,
+            from,
+            to,
+            consistency,
+            records,
+        ));
+        kind
+    }
+
+    /// Jepsen's rule: a process whose operation is unknown is replaced.
+    fn finish(&mut self, slot: usize, kind: EventType) {
+        if kind == EventType::Info {
+            self.procs[slot].0 = self.next_process;
+            self.next_process += 1;
+        }
+    }
+
+    /// Node 1 holds the whole committed log; the others may lag, but only
+    /// behind the last acknowledged append (they must hold every ack).
+    fn finals(&mut self) -> BTreeMap<u64, Vec<FinalRecord>> {
+        let full: Vec<FinalRecord> = self
+            .log
+            .iter()
+            .map(|(&index, data)| FinalRecord {
+                index,
+                term: 1,
+                data: data.clone(),
+            })
+            .collect();
+        let mut finals = BTreeMap::new();
+        finals.insert(1, full.clone());
+        for node in 2..=3u64 {
+            let keep = full.iter().filter(|r| r.index <= self.max_acked).count();
+            let len = keep + self.rng.below((full.len() - keep) as u64 + 1) as usize;
+            finals.insert(node, full[..len].to_vec());
+        }
+        finals
     }
 }
 

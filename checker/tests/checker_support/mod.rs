@@ -3,8 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ringraft_jepsen::checker::{AnomalyKind, Verdict, check_history};
-use ringraft_jepsen::history::{Consistency, Event, EventType, FinalRecord, ReadRecord};
+use ringraft_checker::history::{Consistency, Event, EventType, FinalRecord, ReadRecord};
+use ringraft_checker::{AnomalyKind, Verdict, check_history};
 
 /// A history under construction: operations are added with explicit times and
 /// sorted into time order by [`History::events`].

@@ -3,8 +3,8 @@
 
 mod checker_support;
 
-use ringraft_jepsen::checker::{AnomalyKind as K, CheckError, check_history};
-use ringraft_jepsen::history::{Consistency as C, Event, EventType, Phase};
+use ringraft_checker::history::{Consistency as C, Event, EventType, Phase};
+use ringraft_checker::{AnomalyKind as K, CheckError, check_history};
 use serde_json::json;
 
 use checker_support::{History, assert_kinds, finals, same_on_three, verdict};
@@ -47,7 +47,7 @@ fn valid_history() -> History {
     h
 }
 
-fn valid_finals() -> std::collections::BTreeMap<u64, Vec<ringraft_jepsen::history::FinalRecord>> {
+fn valid_finals() -> std::collections::BTreeMap<u64, Vec<ringraft_checker::history::FinalRecord>> {
     let full: &[(u64, &str)] = &[(2, "a"), (3, "b"), (4, "c"), (5, "g"), (6, "f")];
     finals(&[(1, full), (2, full), (3, &full[..4])])
 }
@@ -337,7 +337,7 @@ fn pipelined_history(order: [u64; 5]) -> History {
 
 fn pipelined_log(
     order: [u64; 5],
-) -> std::collections::BTreeMap<u64, Vec<ringraft_jepsen::history::FinalRecord>> {
+) -> std::collections::BTreeMap<u64, Vec<ringraft_checker::history::FinalRecord>> {
     let mut log: Vec<(u64, &str)> = vec![(4, "c6-1")];
     for (k, &index) in order.iter().enumerate() {
         log.push((index, ["c5-1", "c5-2", "c5-3", "c5-4", "c5-5"][k]));
@@ -380,7 +380,7 @@ fn a_clients_appends_out_of_its_send_order_are_detected() {
     assert_eq!(v.anomalies[1].indexes, vec![6, 5]);
     assert_eq!(
         v.anomalies[1].ops[1].outcome,
-        ringraft_jepsen::checker::Outcome::Info
+        ringraft_checker::Outcome::Info
     );
     // An unknown-outcome append that is not in the log constrains nothing.
     let mut h = pipelined_history([1, 2, 3, 5, 6]);
