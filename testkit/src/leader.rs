@@ -183,7 +183,11 @@ mod tests {
         let mut split = c.0.clone();
         split.insert(3, view(3, 5, 3));
         let split = Fixed(split);
-        assert!(wait_for_leader(&split, &Wanted::any(poll), short).await.is_err());
+        assert!(
+            wait_for_leader(&split, &Wanted::any(poll), short)
+                .await
+                .is_err()
+        );
         let among = Wanted {
             among: Some(vec![3]),
             ..Wanted::any(poll)

@@ -103,7 +103,6 @@ impl Netns {
 }
 
 impl Namespaces {
-
     fn created(&self) -> std::sync::MutexGuard<'_, Created> {
         self.created.lock().unwrap_or_else(|p| p.into_inner())
     }
