@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use ringraft::Durability;
-use ringraft_tests::{Cluster, Kind};
+use ringraft_testkit::inproc::{Cluster, Kind};
 
 const T: Duration = Duration::from_secs(30);
 
-fn user_commands(log: &ringraft_tests::AppliedLog) -> Vec<Vec<u8>> {
+fn user_commands(log: &ringraft_testkit::inproc::AppliedLog) -> Vec<Vec<u8>> {
     log.entries.iter().map(|(_, d)| d.clone()).collect()
 }
 
@@ -88,7 +88,7 @@ async fn reads_by_consistency() {
     let (index, _) = cluster.propose(b"visible".to_vec(), T).await.unwrap();
     // The recorder's snapshot is its applied log: decode and look.
     let has = |bytes: Vec<u8>| {
-        let (log, _): (ringraft_tests::AppliedLog, _) =
+        let (log, _): (ringraft_testkit::inproc::AppliedLog, _) =
             bincode::serde::decode_from_slice(&bytes, bincode::config::standard()).unwrap();
         log.entries
             .iter()
@@ -275,8 +275,8 @@ async fn a_node_of_another_cluster_is_refused() {
     .into();
     let intruder = NodeBuilder::new(config)
         .fabric(Fabric::Inproc(cluster.fabric.clone()))
-        .secret(ringraft_tests::SECRET.to_vec())
-        .state_machine(ringraft_tests::Recorder::default())
+        .secret(ringraft_testkit::inproc::SECRET.to_vec())
+        .state_machine(ringraft_testkit::inproc::Recorder::default())
         .start()
         .await
         .unwrap();

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ringraft::{Durability, Node, NodeError, Session};
-use ringraft_tests::damage;
-use ringraft_tests::{Cluster, Kind};
+use ringraft_testkit::inproc::damage;
+use ringraft_testkit::inproc::{Cluster, Kind};
 use ringraft_wal::Damage;
 
 const T: Duration = Duration::from_secs(30);

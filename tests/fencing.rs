@@ -15,7 +15,7 @@ use ringraft::hooks::{HookPoint, Hooks};
 use ringraft::protocol::{AppendBody, Hello, Join, Reply, Request, Tail, decode, encode};
 use ringraft::types::{Entry, Vote, log_id};
 use ringraft::{Command, Durability, Fabric, LogStore, Node, NodeBuilder, NodeConfig};
-use ringraft_tests::{Recorder, SECRET};
+use ringraft_testkit::inproc::{Recorder, SECRET};
 use ringraft_transport::{
     ConnConfig, Connection, Device, DeviceConfig, Received, RemoteRegion, Secret, inproc,
 };
@@ -28,7 +28,7 @@ const CLUSTER_ID: u64 = 0x5249_4e47;
 /// Node 2 alone, on `fabric`, with `hooks`; its peers are named but never
 /// started (the test plays them).
 async fn start_node(fabric: &inproc::Fabric, dir: &std::path::Path, hooks: Hooks) -> Node {
-    ringraft_tests::init_tracing();
+    ringraft_testkit::inproc::init_tracing();
     let mut config = NodeConfig::new(2, dir.join("data"), "node2");
     // The ring in the test's directory, not in /dev/shm.
     config.ring_dir = dir.join("shm");

@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use ringraft::{Durability, Fabric, Node, NodeBuilder, NodeConfig, NodeError};
-use ringraft_tests::{AppliedLog, Recorder, SECRET};
+use ringraft_testkit::inproc::{AppliedLog, Recorder, SECRET};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 

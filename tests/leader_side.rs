@@ -367,7 +367,7 @@ async fn bad_values_from_a_follower_are_errors_not_panics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_log_is_corrupt_inside_refuses_a_leadership_transfer() {
     use ringraft::Durability;
-    use ringraft_tests::{Cluster, Kind, SECRET};
+    use ringraft_testkit::inproc::{Cluster, Kind, SECRET};
     const T: Duration = Duration::from_secs(30);
 
     let mut c = Cluster::start(Kind::Inproc, 3, Durability::Memory, 7).await;
@@ -388,7 +388,7 @@ async fn a_node_whose_log_is_corrupt_inside_refuses_a_leadership_transfer() {
     // b's log breaks inside (well-formed records after the break); b comes
     // back alone, its vote the leader's.
     let cfg = c.members[&b].config.clone();
-    ringraft_tests::damage::flip_bit(&c, b, last - 10);
+    ringraft_testkit::inproc::damage::flip_bit(&c, b, last - 10);
     c.boot(b).await.unwrap();
     assert!(c.node(b).log_store().votes_blocked());
     let vote_of_b = || async {

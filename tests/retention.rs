@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use ringraft::{Durability, LogRecord, Node, NodeError, Session};
-use ringraft_tests::{Cluster, Kind};
+use ringraft_testkit::inproc::{Cluster, Kind};
 
 /// Bound of every wait: generous, since giving storage back takes a snapshot
 /// and its fsync, which a machine busy writing can hold up for long.

@@ -129,15 +129,16 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let ringraft_bin =
-                absolute(ringraft_bin.unwrap_or_else(|| jepsen_bin.with_file_name("ringraft")));
-            if !ringraft_bin.is_file() {
-                eprintln!(
-                    "ringraft-jepsen: no ringraft binary at {} (build it, or pass --ringraft-bin)",
-                    ringraft_bin.display()
-                );
-                return ExitCode::from(2);
-            }
+            // `ringraft` beside this binary unless --ringraft-bin says.
+            let ringraft_bin = match ringraft_testkit::process::ringraft_binary(ringraft_bin) {
+                Ok(path) => path,
+                Err(e) => {
+                    eprintln!(
+                        "ringraft-jepsen: no ringraft binary: {e} (build it, or pass --ringraft-bin)"
+                    );
+                    return ExitCode::from(2);
+                }
+            };
             let config = RunConfig {
                 substrate,
                 nodes,

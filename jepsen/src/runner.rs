@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ringraft_client::{Client, Consistency as ApiConsistency};
+use ringraft_testkit::leader::{self, NodeView, Observe, Wanted};
+use ringraft_testkit::signals;
 use serde_json::json;
 
 use crate::history::{FinalRecord, HistoryWriter, MissingNode, RunInfo, write_final_log};
@@ -162,29 +164,32 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
+/// The nodes' statuses over gRPC, for the test kit's leader wait: every
+/// node of the substrate must answer.
+struct OverGrpc<'a>(&'a dyn Substrate);
+
+impl Observe for OverGrpc<'_> {
+    fn running(&self) -> Vec<u64> {
+        self.0.nodes()
+    }
+    async fn view(&self, id: u64) -> Option<NodeView> {
+        let status = nemesis::status(&self.0.client_endpoint(id)).await?;
+        Some(NodeView {
+            id,
+            term: status.term,
+            leader: (status.leader_id != 0).then_some(status.leader_id),
+            is_leader: status.state == "Leader",
+        })
+    }
+}
+
 /// Waits until every node agrees on a leader; bounded.
 async fn wait_for_leader(substrate: &dyn Substrate, bound: Duration) -> Result<u64, RunError> {
-    let deadline = Instant::now() + bound;
-    loop {
-        let mut leaders = Vec::new();
-        for id in substrate.nodes() {
-            leaders.push(
-                nemesis::status(&substrate.client_endpoint(id))
-                    .await
-                    .map(|s| s.leader_id),
-            );
-        }
-        if let Some(Some(l)) = leaders.first()
-            && *l != 0
-            && leaders.iter().all(|x| *x == Some(*l))
-        {
-            return Ok(*l);
-        }
-        if Instant::now() > deadline {
-            return Err(RunError::NoLeader(bound));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let wanted = Wanted::any(Duration::from_millis(200));
+    leader::wait_for_leader(&OverGrpc(substrate), &wanted, bound)
+        .await
+        .map(|leader| leader.id)
+        .map_err(|_| RunError::NoLeader(bound))
 }
 
 /// Runs one test; the substrate is torn down whatever happens.
@@ -240,7 +245,7 @@ pub async fn run(config: RunConfig) -> Result<RunSummary, RunError> {
     let interrupted = Arc::new(AtomicBool::new(false));
     let result = tokio::select! {
         r = run_on(&config, &out, substrate.clone(), interrupted.clone()) => r,
-        _ = interrupt() => {
+        _ = signals::interrupted() => {
             interrupted.store(true, Ordering::SeqCst);
             Err(RunError::Interrupted)
         }
@@ -264,22 +269,6 @@ pub async fn run(config: RunConfig) -> Result<RunSummary, RunError> {
     )
     .map_err(io(&path))?;
     Ok(summary)
-}
-
-async fn interrupt() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) {
-        (Ok(mut int), Ok(mut term)) => {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-        }
-        _ => std::future::pending::<()>().await,
-    }
 }
 
 async fn run_on(

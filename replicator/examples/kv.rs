@@ -27,6 +27,7 @@ use std::time::Duration;
 use ringraft::{
     Applied, Fabric, Node, NodeBuilder, NodeConfig, NodeError, ReadConsistency, StateMachine,
 };
+use ringraft_testkit::leader::{NodeView, Observe, Wanted, wait_for_leader};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncBufReadExt;
 
@@ -130,30 +131,39 @@ async fn get(
     Ok(kv.map.get(key).cloned())
 }
 
+/// The nodes of the demo, for the test kit's leader wait.
+struct Nodes<'a>(&'a BTreeMap<u64, Node>);
+
+impl Observe for Nodes<'_> {
+    fn running(&self) -> Vec<u64> {
+        self.0.keys().copied().collect()
+    }
+    async fn view(&self, id: u64) -> Option<NodeView> {
+        let s = self.0.get(&id)?.status();
+        Some(NodeView {
+            id,
+            term: s.term,
+            leader: s.leader_id,
+            is_leader: s.state == "Leader",
+        })
+    }
+}
+
+/// The leader the nodes agree on (waits as long as it takes).
 async fn leader_of(nodes: &BTreeMap<u64, Node>) -> u64 {
-    loop {
-        for (id, n) in nodes {
-            let s = n.status();
-            if s.state == "Leader" && s.leader_id == Some(*id) {
-                return *id;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    let wanted = Wanted::any(Duration::from_millis(20));
+    match wait_for_leader(&Nodes(nodes), &wanted, Duration::MAX).await {
+        Ok(leader) => leader.id,
+        Err(e) => unreachable!("an unbounded wait ended: {e}"),
     }
 }
 
 async fn demo() -> Result<(), NodeError> {
     let base = tempfile::tempdir().map_err(|e| NodeError::Storage(e.to_string()))?;
     let peers: BTreeMap<u64, String> = (1..=3)
-        .map(|id| {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
-            (id, format!("127.0.0.1:{port}"))
-        })
-        .collect();
+        .map(|id| Ok((id, ringraft_testkit::ports::loopback_addr()?)))
+        .collect::<std::io::Result<_>>()
+        .map_err(|e| NodeError::Storage(format!("no free loopback port: {e}")))?;
     let mut nodes = BTreeMap::new();
     for (id, addr) in &peers {
         nodes.insert(

@@ -1,33 +1,28 @@
 //! `local`: the nodes as processes on 127.0.0.1, no network faults (no root
 //! needed: lets a plain `cargo test` run the harness). Kill, pause and ring
-//! damage work; partitions do not.
+//! damage work; partitions do not. Owns only the choice of ports and
+//! directories; the processes belong to [`OnProcesses`].
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
-use super::process::{NodePlace, ProcessCluster};
-use super::{ClusterSpec, Result, Substrate, SubstrateError, TailDamage, WalCheck};
+use ringraft_testkit::process::NodePlace;
+
+use super::process::{Network, OnProcesses};
+use super::{ClusterSpec, Result, SubstrateError};
 
 /// See the module docs.
-pub struct Local {
-    cluster: ProcessCluster,
-}
+pub type Local = OnProcesses<Loopback>;
+
+/// No network faults: everything on loopback.
+pub struct Loopback;
 
 /// A free TCP port on 127.0.0.1 (bound and released: another process could
 /// take it in between, which a test then reports as a failed start).
-fn free_port() -> Result<u16> {
-    let listener =
-        std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| SubstrateError::Command {
-            what: "find a free port on 127.0.0.1".into(),
-            detail: e.to_string(),
-        })?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| SubstrateError::Command {
-            what: "find a free port on 127.0.0.1".into(),
-            detail: e.to_string(),
-        })
+fn loopback_addr() -> Result<String> {
+    ringraft_testkit::ports::loopback_addr().map_err(|e| SubstrateError::Command {
+        what: "find a free port on 127.0.0.1".into(),
+        detail: e.to_string(),
+    })
 }
 
 impl Local {
@@ -40,8 +35,9 @@ impl Local {
             places.insert(
                 id,
                 NodePlace {
-                    listen: format!("127.0.0.1:{}", free_port()?),
-                    client: format!("127.0.0.1:{}", free_port()?),
+                    listen: loopback_addr()?,
+                    client: loopback_addr()?,
+                    metrics: None,
                     data_dir: dir.join("data"),
                     ring_dir: spec.run_dir.join("nodes").join("shm"),
                     log: dir.join("serve.log"),
@@ -49,48 +45,13 @@ impl Local {
                 },
             );
         }
-        Ok(Local {
-            cluster: ProcessCluster::new(spec, places),
-        })
+        Ok(OnProcesses::with(spec, places, Loopback))
     }
 }
 
-impl Substrate for Local {
+impl Network for Loopback {
     fn name(&self) -> &'static str {
         "local"
-    }
-    fn nodes(&self) -> Vec<u64> {
-        self.cluster.spec().nodes.clone()
-    }
-    fn client_endpoint(&self, id: u64) -> String {
-        self.cluster
-            .place(id)
-            .map(|p| p.client.clone())
-            .unwrap_or_default()
-    }
-    fn listen_addr(&self, id: u64) -> String {
-        self.cluster
-            .place(id)
-            .map(|p| p.listen.clone())
-            .unwrap_or_default()
-    }
-    fn start(&self, id: u64) -> Result<()> {
-        self.cluster.start(id)
-    }
-    fn kill(&self, id: u64) -> Result<()> {
-        self.cluster.kill(id)
-    }
-    fn stop(&self, id: u64) -> Result<()> {
-        self.cluster.stop(id)
-    }
-    fn is_running(&self, id: u64) -> bool {
-        self.cluster.is_running(id)
-    }
-    fn pause(&self, id: u64) -> Result<()> {
-        self.cluster.pause(id)
-    }
-    fn resume(&self, id: u64) -> Result<()> {
-        self.cluster.resume(id)
     }
     fn can_partition(&self) -> bool {
         false
@@ -113,17 +74,7 @@ impl Substrate for Local {
     fn heal(&self) -> Result<()> {
         Ok(())
     }
-    fn damage_tail(&self, id: u64, damage: TailDamage, seed: u64) -> Result<String> {
-        self.cluster.damage_tail(id, damage, seed)
-    }
-    fn wal_check(&self, id: u64) -> Result<WalCheck> {
-        self.cluster.wal_check(id)
-    }
-    fn collect_logs(&self, dir: &Path) -> Result<()> {
-        self.cluster.collect_logs(dir)
-    }
     fn teardown(&self) -> Result<()> {
-        self.cluster.kill_all();
         Ok(())
     }
 }

@@ -50,6 +50,9 @@ pub enum SubstrateError {
         /// What is wrong.
         why: String,
     },
+    /// A node process could not be started, signalled or read.
+    #[error(transparent)]
+    Process(#[from] ringraft_testkit::process::ProcessError),
 }
 
 /// Shorthand.
@@ -143,48 +146,6 @@ pub trait Substrate: Send + Sync {
     /// Kills every node and removes everything the substrate created.
     /// Idempotent.
     fn teardown(&self) -> Result<()>;
-}
-
-/// The `ringraft serve` arguments of node `id`; its ring in `ring_dir`
-/// (`None`: the daemon's default, /dev/shm).
-#[allow(clippy::too_many_arguments)]
-pub fn serve_args(
-    spec: &ClusterSpec,
-    id: u64,
-    data_dir: &Path,
-    ring_dir: Option<&Path>,
-    listen: &str,
-    client: &str,
-    peers: &str,
-    fabric: &str,
-) -> Vec<String> {
-    let mut args: Vec<String> = vec![
-        "serve".into(),
-        "--id".into(),
-        id.to_string(),
-        "--data-dir".into(),
-        data_dir.display().to_string(),
-        "--listen".into(),
-        listen.into(),
-        "--client".into(),
-        client.into(),
-        "--peers".into(),
-        peers.into(),
-        "--fabric".into(),
-        fabric.into(),
-        "--ring-capacity".into(),
-        (8u64 << 20).to_string(),
-        "--max-record".into(),
-        "65536".into(),
-    ];
-    if let Some(ring_dir) = ring_dir {
-        args.extend(["--ring-dir".into(), ring_dir.display().to_string()]);
-    }
-    if id == spec.nodes[0] {
-        args.push("--bootstrap".into());
-    }
-    args.extend(spec.extra_serve_args.iter().cloned());
-    args
 }
 
 /// Runs a command, failing with its output when it does not succeed.

@@ -3,15 +3,17 @@
 //! and iptables DROP rules inside the namespaces for partitions, one-way
 //! included. Needs root. Everything it creates is listed as it is created and
 //! removed by [`Substrate::teardown`] (also on drop): the namespaces take
-//! their iptables rules and veth ends with them; the bridge goes last.
+//! their iptables rules and veth ends with them; the bridge goes last. The
+//! processes belong to [`OnProcesses`]; this module owns the network only.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::process::Command;
 use std::sync::Mutex;
 
-use super::process::{NodePlace, ProcessCluster, ip};
-use super::{ClusterSpec, Result, Substrate, SubstrateError, TailDamage, WalCheck, run_cmd};
+use ringraft_testkit::process::NodePlace;
+
+use super::process::{Network, OnProcesses, ip};
+use super::{ClusterSpec, Result, SubstrateError, run_cmd};
 
 /// Control-plane port inside every namespace.
 pub const LISTEN_PORT: u16 = 7000;
@@ -19,8 +21,10 @@ pub const LISTEN_PORT: u16 = 7000;
 pub const CLIENT_PORT: u16 = 8000;
 
 /// See the module docs.
-pub struct Netns {
-    cluster: ProcessCluster,
+pub type Netns = OnProcesses<Namespaces>;
+
+/// The bridge, the namespaces and their addresses.
+pub struct Namespaces {
     bridge: String,
     namespaces: BTreeMap<u64, String>,
     addrs: BTreeMap<u64, String>,
@@ -76,6 +80,7 @@ impl Netns {
                 NodePlace {
                     listen: format!("{addr}:{LISTEN_PORT}"),
                     client: format!("{addr}:{CLIENT_PORT}"),
+                    metrics: None,
                     data_dir: dir.join("data"),
                     ring_dir: spec.run_dir.join("nodes").join("shm"),
                     log: dir.join("serve.log"),
@@ -85,17 +90,19 @@ impl Netns {
             namespaces.insert(id, ns);
             addrs.insert(id, addr);
         }
-        let netns = Netns {
-            cluster: ProcessCluster::new(spec, places),
+        let network = Namespaces {
             bridge,
             namespaces,
             addrs,
             created: Mutex::new(Created::default()),
         };
-        netns.setup(&tag, octet)?; // on error, drop tears down what exists
+        let netns = OnProcesses::with(spec, places, network);
+        netns.network().setup(&tag, octet)?; // on error, drop tears down what exists
         Ok(netns)
     }
+}
 
+impl Namespaces {
     fn created(&self) -> std::sync::MutexGuard<'_, Created> {
         self.created.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -156,42 +163,9 @@ impl Netns {
     }
 }
 
-impl Substrate for Netns {
+impl Network for Namespaces {
     fn name(&self) -> &'static str {
         "netns"
-    }
-    fn nodes(&self) -> Vec<u64> {
-        self.cluster.spec().nodes.clone()
-    }
-    fn client_endpoint(&self, id: u64) -> String {
-        self.cluster
-            .place(id)
-            .map(|p| p.client.clone())
-            .unwrap_or_default()
-    }
-    fn listen_addr(&self, id: u64) -> String {
-        self.cluster
-            .place(id)
-            .map(|p| p.listen.clone())
-            .unwrap_or_default()
-    }
-    fn start(&self, id: u64) -> Result<()> {
-        self.cluster.start(id)
-    }
-    fn kill(&self, id: u64) -> Result<()> {
-        self.cluster.kill(id)
-    }
-    fn stop(&self, id: u64) -> Result<()> {
-        self.cluster.stop(id)
-    }
-    fn is_running(&self, id: u64) -> bool {
-        self.cluster.is_running(id)
-    }
-    fn pause(&self, id: u64) -> Result<()> {
-        self.cluster.pause(id)
-    }
-    fn resume(&self, id: u64) -> Result<()> {
-        self.cluster.resume(id)
     }
     fn can_partition(&self) -> bool {
         true
@@ -231,17 +205,7 @@ impl Substrate for Netns {
         }
         Ok(())
     }
-    fn damage_tail(&self, id: u64, damage: TailDamage, seed: u64) -> Result<String> {
-        self.cluster.damage_tail(id, damage, seed)
-    }
-    fn wal_check(&self, id: u64) -> Result<WalCheck> {
-        self.cluster.wal_check(id)
-    }
-    fn collect_logs(&self, dir: &Path) -> Result<()> {
-        self.cluster.collect_logs(dir)
-    }
     fn teardown(&self) -> Result<()> {
-        self.cluster.kill_all();
         let mut created = self.created();
         let mut errors = Vec::new();
         for ns in created.namespaces.drain(..) {
@@ -262,14 +226,6 @@ impl Substrate for Netns {
                 what: "netns teardown".into(),
                 detail: errors.join("; "),
             })
-        }
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        if let Err(e) = self.teardown() {
-            eprintln!("ringraft-jepsen: {e}");
         }
     }
 }

@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
-use super::{ClusterSpec, Result, Substrate, SubstrateError, TailDamage, WalCheck, serve_args};
+use ringraft_testkit::serve::ServeArgs;
+
+use super::{ClusterSpec, Result, Substrate, SubstrateError, TailDamage, WalCheck};
 
 /// Control-plane port in every guest.
 pub const LISTEN_PORT: u16 = 7000;
@@ -130,18 +132,19 @@ impl Substrate for SoftRoce {
     }
     fn start(&self, id: u64) -> Result<()> {
         let dir = guest_dir(id);
-        let mut args = serve_args(
-            &self.spec,
+        let mut serve = ServeArgs::new(
             id,
-            Path::new(&format!("{dir}/data")),
-            // The guest's /dev/shm (a tmpfs, which the rdma device can
-            // register on every kernel).
-            None,
+            PathBuf::from(format!("{dir}/data")),
             &self.listen_addr(id),
             &self.client_endpoint(id),
             &self.peers,
             "rdma",
         );
+        // No ring dir: the guest's /dev/shm (a tmpfs, which the rdma device
+        // can register on every kernel).
+        serve.bootstrap = id == self.spec.nodes[0];
+        serve.extra = self.spec.extra_serve_args.clone();
+        let mut args = serve.to_args();
         args.extend(["--rdma-device".to_string(), "rxe0".to_string()]);
         // Under TCG an rdma connection takes longer to set up than the
         // daemon's default heartbeat (openraft's per-RPC timeout) allows:

@@ -1,7 +1,10 @@
-//! A test harness for ringraft clusters in one process: nodes on the
-//! in-process fabric (seeded faults) or on the tcp fabric over loopback,
-//! each with its own data directory, and a state machine that records what
-//! it applied so that tests can check order and loss.
+//! A cluster of ringraft nodes in one process (feature `inproc`): nodes on
+//! the in-process fabric (seeded faults) or on the tcp fabric over
+//! loopback, each with its own data directory, a state machine that records
+//! what it applied so that tests can check order and loss, and damage to a
+//! stopped node's log. Owns the nodes, their temporary directories and the
+//! fabric; it implements [`Observe`] for [`wait_for_leader`]. It never
+//! judges a run (the tests assert) and never touches a running node's files.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -13,6 +16,8 @@ use ringraft::{
 };
 use ringraft_transport::inproc;
 use serde::{Deserialize, Serialize};
+
+use crate::leader::{NodeView, Observe, Wanted, wait_for_leader};
 
 /// The cluster secret of the tests.
 pub const SECRET: &[u8] = b"ringraft integration test secret";
@@ -98,14 +103,6 @@ pub struct Cluster {
     pub members: BTreeMap<u64, Member>,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Installs a tracing subscriber once (RUST_LOG decides what shows).
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
@@ -135,7 +132,7 @@ impl Cluster {
             .map(|id| {
                 let addr = match kind {
                     Kind::Inproc | Kind::InprocHca => format!("node{id}"),
-                    Kind::Tcp => format!("127.0.0.1:{}", free_port()),
+                    Kind::Tcp => crate::ports::loopback_addr().expect("a free loopback port"),
                 };
                 (id, addr)
             })
@@ -279,25 +276,13 @@ impl Cluster {
     /// Waits until the running nodes among `among` agree on a leader that is
     /// one of them, and returns it.
     pub async fn leader_among(&self, among: &[u64], timeout: Duration) -> u64 {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let views: Vec<Option<u64>> = among
-                .iter()
-                .filter(|id| self.members[id].node.is_some())
-                .map(|id| self.node(*id).status().leader_id)
-                .collect();
-            if let Some(Some(l)) = views.first()
-                && views.iter().all(|v| *v == Some(*l))
-                && among.contains(l)
-                && self.node(*l).status().state == "Leader"
-            {
-                return *l;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no agreed leader among {among:?}: {views:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let wanted = Wanted {
+            among: Some(among.to_vec()),
+            ..Wanted::any(Duration::from_millis(20))
+        };
+        match wait_for_leader(self, &wanted, timeout).await {
+            Ok(leader) => leader.id,
+            Err(e) => panic!("no agreed leader among {among:?}: {e}"),
         }
     }
 
@@ -354,6 +339,21 @@ impl Cluster {
     }
 }
 
+impl Observe for Cluster {
+    fn running(&self) -> Vec<u64> {
+        Cluster::running(self)
+    }
+    async fn view(&self, id: u64) -> Option<NodeView> {
+        let status = self.members.get(&id)?.node.as_ref()?.status();
+        Some(NodeView {
+            id,
+            term: status.term,
+            leader: status.leader_id,
+            is_leader: status.state == "Leader",
+        })
+    }
+}
+
 /// Damage to a stopped node's log, wherever it keeps an entry (its ring,
 /// its segments, or both): what a torn write or a flipped bit on disk
 /// leaves for recovery to find.
@@ -364,10 +364,13 @@ pub mod damage {
     /// byte offset in the ring file) and in its segments (a file and an offset).
     /// The log keeps an entry in one or both.
     pub struct Place {
+        /// Byte offset of the record in the ring file.
         pub ring: Option<u64>,
+        /// Segment file and byte offset of the record in it.
         pub segment: Option<(std::path::PathBuf, u64)>,
     }
 
+    /// Where entry `index` of stopped node `id`'s log lies.
     pub fn place_of(c: &Cluster, id: u64, index: u64) -> Place {
         let wal =
             ringraft_wal::Wal::open(&c.data_dir(id), &c.ring_dir(id), &c.ring_config(id)).unwrap();

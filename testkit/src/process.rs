@@ -1,0 +1,503 @@
+//! `ringraft serve` as child processes of the harness, optionally each in a
+//! network namespace (`ip netns exec`, which execs the daemon in place, so
+//! the child's pid is the daemon's). Owns the children: it starts, stops,
+//! kills, pauses and resumes them, and [`ProcessCluster::kill_all`] kills
+//! every one, as dropping the cluster does. Never creates namespaces or
+//! network faults (the harness does) and never judges what a node did.
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::serve::{ServeArgs, peers_arg};
+
+/// How long a node gets to stop on SIGTERM before SIGKILL (the Jepsen
+/// runner's bound).
+pub const STOP_GRACE_MS: u64 = 10_000;
+
+/// Why a process operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// A command failed.
+    #[error("{what}: {detail}")]
+    Command {
+        /// What was being done.
+        what: String,
+        /// Its output or status.
+        detail: String,
+    },
+    /// A file operation failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A node id that is not part of the cluster, or in the wrong state.
+    #[error("node {node}: {why}")]
+    Node {
+        /// The node.
+        node: u64,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// Shorthand.
+pub type Result<T> = std::result::Result<T, ProcessError>;
+
+/// The `ringraft` binary: `explicit` if given, else `ringraft` beside the
+/// running executable; made absolute.
+///
+/// # Errors
+/// [`ProcessError::Io`] when the running executable cannot be found or no
+/// file is at the chosen path.
+pub fn ringraft_binary(explicit: Option<PathBuf>) -> Result<PathBuf> {
+    let path = match explicit {
+        Some(p) => p,
+        None => std::env::current_exe()
+            .map_err(|source| ProcessError::Io {
+                path: PathBuf::from("/proc/self/exe"),
+                source,
+            })?
+            .with_file_name("ringraft"),
+    };
+    let path = std::path::absolute(&path).unwrap_or(path);
+    if !path.is_file() {
+        return Err(ProcessError::Io {
+            path,
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        });
+    }
+    Ok(path)
+}
+
+/// Where one node lives.
+#[derive(Debug, Clone)]
+pub struct NodePlace {
+    /// `--listen`.
+    pub listen: String,
+    /// `--client`.
+    pub client: String,
+    /// `--metrics`, if any.
+    pub metrics: Option<String>,
+    /// `--data-dir`.
+    pub data_dir: PathBuf,
+    /// `--ring-dir`: kept with the run, like the data directory (the tcp
+    /// fabric needs no tmpfs), so that nothing is left in /dev/shm.
+    pub ring_dir: PathBuf,
+    /// The daemon's stderr (appended across restarts).
+    pub log: PathBuf,
+    /// The network namespace to run in, if any.
+    pub netns: Option<String>,
+}
+
+/// How every node of a cluster is started.
+#[derive(Debug, Clone)]
+pub struct ProcessOptions {
+    /// The `ringraft` binary (see [`ringraft_binary`]).
+    pub binary: PathBuf,
+    /// `--fabric`.
+    pub fabric: String,
+    /// The node started with `--bootstrap`.
+    pub bootstrap: u64,
+    /// Extra `ringraft serve` flags.
+    pub extra_serve_args: Vec<String>,
+    /// Environment of the children: `Some` sets a variable, `None` removes it.
+    pub env: Vec<(String, Option<String>)>,
+}
+
+/// How [`ProcessCluster::stop`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// The node was not running.
+    NotRunning,
+    /// It exited within the grace, with this status.
+    Exited(std::process::ExitStatus),
+    /// It outlived the grace and was killed.
+    Killed,
+}
+
+/// The nodes as child processes. See the module docs.
+pub struct ProcessCluster {
+    options: ProcessOptions,
+    places: BTreeMap<u64, NodePlace>,
+    peers: String,
+    children: Mutex<BTreeMap<u64, Child>>,
+}
+
+impl ProcessCluster {
+    /// A cluster of `places` (nothing starts yet).
+    pub fn new(options: ProcessOptions, places: BTreeMap<u64, NodePlace>) -> ProcessCluster {
+        let peers = peers_arg(places.iter().map(|(id, p)| (*id, p.listen.as_str())));
+        ProcessCluster {
+            options,
+            places,
+            peers,
+            children: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The options.
+    pub fn options(&self) -> &ProcessOptions {
+        &self.options
+    }
+
+    /// The node ids.
+    pub fn nodes(&self) -> Vec<u64> {
+        self.places.keys().copied().collect()
+    }
+
+    /// Where node `id` lives.
+    ///
+    /// # Errors
+    /// [`ProcessError::Node`] for an id that is not in the cluster.
+    pub fn place(&self, id: u64) -> Result<&NodePlace> {
+        self.places.get(&id).ok_or(ProcessError::Node {
+            node: id,
+            why: "not a node of this cluster".into(),
+        })
+    }
+
+    fn children(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Child>> {
+        self.children.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The `ringraft serve` arguments of node `id`.
+    ///
+    /// # Errors
+    /// As [`ProcessCluster::place`].
+    pub fn serve_args(&self, id: u64) -> Result<Vec<String>> {
+        let place = self.place(id)?;
+        let mut args = ServeArgs::new(
+            id,
+            place.data_dir.clone(),
+            &place.listen,
+            &place.client,
+            &self.peers,
+            &self.options.fabric,
+        );
+        args.ring_dir = Some(place.ring_dir.clone());
+        args.metrics = place.metrics.clone();
+        args.bootstrap = id == self.options.bootstrap;
+        args.extra = self.options.extra_serve_args.clone();
+        Ok(args.to_args())
+    }
+
+    /// Starts node `id` unless it runs; its stderr goes to its log.
+    ///
+    /// # Errors
+    /// When its data directory or log cannot be created or the binary
+    /// cannot be started.
+    pub fn start(&self, id: u64) -> Result<()> {
+        let place = self.place(id)?.clone();
+        let mut children = self.children();
+        if let Some(child) = children.get_mut(&id) {
+            match child.try_wait() {
+                Ok(None) => return Ok(()),
+                _ => {
+                    children.remove(&id);
+                }
+            }
+        }
+        std::fs::create_dir_all(&place.data_dir).map_err(|source| ProcessError::Io {
+            path: place.data_dir.clone(),
+            source,
+        })?;
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&place.log)
+            .map_err(|source| ProcessError::Io {
+                path: place.log.clone(),
+                source,
+            })?;
+        let binary = &self.options.binary;
+        let mut cmd = match &place.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(binary);
+                c
+            }
+            None => Command::new(binary),
+        };
+        cmd.args(self.serve_args(id)?)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            // Its own process group: a Ctrl-C at the terminal reaches the
+            // harness, which then tears down in order.
+            .process_group(0);
+        for (key, value) in &self.options.env {
+            match value {
+                Some(v) => cmd.env(key, v),
+                None => cmd.env_remove(key),
+            };
+        }
+        let child = cmd.spawn().map_err(|e| ProcessError::Command {
+            what: format!("start node {id} ({})", binary.display()),
+            detail: e.to_string(),
+        })?;
+        children.insert(id, child);
+        Ok(())
+    }
+
+    fn signal(&self, id: u64, signal: libc::c_int) -> Result<()> {
+        let children = self.children();
+        let child = children.get(&id).ok_or(ProcessError::Node {
+            node: id,
+            why: "not running".into(),
+        })?;
+        let pid = libc::pid_t::try_from(child.id()).map_err(|_| ProcessError::Node {
+            node: id,
+            why: "pid out of range".into(),
+        })?;
+        // SAFETY: kill(2) on the pid of our own child, which has not been
+        // reaped (we hold it in `children` until we wait for it), so the pid
+        // cannot have been reused.
+        let rc = unsafe { libc::kill(pid, signal) };
+        if rc != 0 {
+            return Err(ProcessError::Node {
+                node: id,
+                why: format!("signal {signal}: {}", std::io::Error::last_os_error()),
+            });
+        }
+        Ok(())
+    }
+
+    /// The pid of node `id`, if it was started and not reaped.
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.children().get(&id).map(Child::id)
+    }
+
+    /// SIGKILL and reap.
+    ///
+    /// # Errors
+    /// Never today (a node that does not run is not an error).
+    pub fn kill(&self, id: u64) -> Result<()> {
+        let child = self.children().remove(&id);
+        if let Some(mut child) = child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        Ok(())
+    }
+
+    /// SIGCONT and SIGTERM, wait up to `grace`, then SIGKILL.
+    ///
+    /// # Errors
+    /// Never today.
+    pub fn stop(&self, id: u64, grace: Duration) -> Result<Stopped> {
+        if !self.is_running(id) {
+            self.children().remove(&id);
+            return Ok(Stopped::NotRunning);
+        }
+        let _ = self.signal(id, libc::SIGCONT);
+        let _ = self.signal(id, libc::SIGTERM);
+        let deadline = Instant::now() + grace;
+        loop {
+            {
+                let mut children = self.children();
+                match children.get_mut(&id).map(|c| c.try_wait()) {
+                    None | Some(Err(_)) => {
+                        children.remove(&id);
+                        return Ok(Stopped::NotRunning);
+                    }
+                    Some(Ok(Some(status))) => {
+                        children.remove(&id);
+                        return Ok(Stopped::Exited(status));
+                    }
+                    Some(Ok(None)) => {}
+                }
+            }
+            if Instant::now() > deadline {
+                self.kill(id)?;
+                return Ok(Stopped::Killed);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether the child lives (paused counts as living).
+    pub fn is_running(&self, id: u64) -> bool {
+        let mut children = self.children();
+        match children.get_mut(&id) {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// The nodes whose child lives.
+    pub fn running(&self) -> Vec<u64> {
+        self.nodes()
+            .into_iter()
+            .filter(|id| self.is_running(*id))
+            .collect()
+    }
+
+    /// SIGSTOP.
+    ///
+    /// # Errors
+    /// [`ProcessError::Node`] when it does not run or the signal fails.
+    pub fn pause(&self, id: u64) -> Result<()> {
+        self.signal(id, libc::SIGSTOP)
+    }
+
+    /// SIGCONT.
+    ///
+    /// # Errors
+    /// As [`ProcessCluster::pause`].
+    pub fn resume(&self, id: u64) -> Result<()> {
+        self.signal(id, libc::SIGCONT)
+    }
+
+    /// The last `lines` lines of node `id`'s log ("" when it has none).
+    pub fn log_tail(&self, id: u64, lines: usize) -> String {
+        let Ok(place) = self.place(id) else {
+            return String::new();
+        };
+        let text = std::fs::read(&place.log).unwrap_or_default();
+        let text = String::from_utf8_lossy(&text);
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// `ringraft wal check` of (stopped) node `id`: its exit status (-1
+    /// when killed) and what it printed.
+    ///
+    /// # Errors
+    /// When the binary cannot be run.
+    pub fn wal_check(&self, id: u64) -> Result<(i32, String)> {
+        let dir = &self.place(id)?.data_dir;
+        let out = Command::new(&self.options.binary)
+            .args(["wal", "check", "--data-dir"])
+            .arg(dir)
+            .output()
+            .map_err(|e| ProcessError::Command {
+                what: format!("ringraft wal check {}", dir.display()),
+                detail: e.to_string(),
+            })?;
+        Ok((
+            out.status.code().unwrap_or(-1),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        ))
+    }
+
+    /// Copies each node's log to `dir/n<id>.log`.
+    ///
+    /// # Errors
+    /// When `dir` cannot be created or a log cannot be copied.
+    pub fn collect_logs(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|source| ProcessError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        for (id, place) in &self.places {
+            let to = dir.join(format!("n{id}.log"));
+            if place.log.exists() && place.log != to {
+                std::fs::copy(&place.log, &to).map_err(|source| ProcessError::Io {
+                    path: to.clone(),
+                    source,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Kills every node (resumed first, so that SIGKILL is not held up).
+    pub fn kill_all(&self) {
+        let mut children = std::mem::take(&mut *self.children());
+        for child in children.values_mut() {
+            if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+                // SAFETY: our own unreaped child (see `signal`).
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for ProcessCluster {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cluster whose "binary" is a shell script that logs its arguments
+    /// and sleeps (no daemon needed).
+    fn fake_cluster(dir: &Path) -> ProcessCluster {
+        let bin = dir.join("ringraft");
+        std::fs::write(&bin, "#!/bin/sh\necho \"$@\" >&2\nexec sleep 600\n").unwrap();
+        let mut perms = std::fs::metadata(&bin).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&bin, perms).unwrap();
+        let places = (1..=2)
+            .map(|id| {
+                let place = NodePlace {
+                    listen: crate::ports::loopback_addr().unwrap(),
+                    client: crate::ports::loopback_addr().unwrap(),
+                    metrics: None,
+                    data_dir: dir.join(format!("n{id}")),
+                    ring_dir: dir.join("shm"),
+                    log: dir.join(format!("n{id}.log")),
+                    netns: None,
+                };
+                (id, place)
+            })
+            .collect();
+        let options = ProcessOptions {
+            binary: ringraft_binary(Some(bin)).unwrap(),
+            fabric: "tcp".into(),
+            bootstrap: 1,
+            extra_serve_args: Vec::new(),
+            env: vec![("RINGRAFT_PLANTED_BUG".into(), None)],
+        };
+        ProcessCluster::new(options, places)
+    }
+
+    #[test]
+    fn start_pause_resume_stop_kill_and_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = fake_cluster(dir.path());
+        cluster.start(1).unwrap();
+        cluster.start(2).unwrap();
+        assert_eq!(cluster.running(), vec![1, 2]);
+        cluster.pause(2).unwrap();
+        assert!(cluster.is_running(2), "paused counts as running");
+        cluster.resume(2).unwrap();
+        let stopped = cluster.stop(2, Duration::from_secs(5)).unwrap();
+        assert!(matches!(stopped, Stopped::Exited(_)), "{stopped:?}");
+        assert!(!cluster.is_running(2));
+        assert_eq!(
+            cluster.stop(2, Duration::from_secs(5)).unwrap(),
+            Stopped::NotRunning
+        );
+        cluster.kill(1).unwrap();
+        assert!(cluster.running().is_empty());
+        cluster.start(1).unwrap();
+        let pid = cluster.pid(1).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(cluster.log_tail(1, 1).contains("--bootstrap"));
+        let logs = dir.path().join("logs");
+        cluster.collect_logs(&logs).unwrap();
+        assert!(logs.join("n1.log").exists());
+        drop(cluster);
+        // SAFETY: signal 0 only checks whether the pid exists.
+        let alive = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0;
+        assert!(!alive, "dropping the cluster kills its nodes");
+    }
+}
