@@ -4,10 +4,11 @@
 
 use std::sync::atomic::Ordering;
 
+use crate::control_word::{CONTROL_WORD_BYTES, FenceWord, HeadWord};
 use crate::error::{Result, WalError};
 use crate::layout::{
-    ACKED_OFFSET, COMMIT_OFFSET, CONTROL_BLOCK_BYTES, Epoch, FENCE_OFFSET, HEAD_OFFSET, MAX_INDEX,
-    decode_index_word, encode_index_word,
+    ACKED_OFFSET, COMMIT_OFFSET, CONTROL_BLOCK_BYTES, Epoch, MAX_INDEX, decode_index_word,
+    encode_index_word,
 };
 
 use super::{RawRegion, Ring, RingRegions};
@@ -17,7 +18,7 @@ impl Ring {
 
     /// The fence word: the epoch of the leader allowed to write.
     pub fn fence(&self) -> Epoch {
-        Epoch(self.word(FENCE_OFFSET).load(Ordering::Acquire))
+        FenceWord::from_word(self.word(FenceWord::OFFSET).load(Ordering::Acquire)).epoch()
     }
 
     /// Compare-and-swap of the fence with a CPU atomic, upward only.
@@ -34,15 +35,15 @@ impl Ring {
                 proposed: new,
             });
         }
-        let found = match self.word(FENCE_OFFSET).compare_exchange(
-            current.0,
-            new.0,
+        let found = match self.word(FenceWord::OFFSET).compare_exchange(
+            FenceWord::new(current).to_word(),
+            FenceWord::new(new).to_word(),
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {
             Ok(v) | Err(v) => v,
         };
-        Ok(Epoch(found))
+        Ok(FenceWord::from_word(found).epoch())
     }
 
     /// The leader's last commit hint.
@@ -100,8 +101,8 @@ impl Ring {
         };
         RingRegions {
             data: at(CONTROL_BLOCK_BYTES, self.geometry.capacity as usize),
-            fence: at(FENCE_OFFSET, 8),
-            head: at(HEAD_OFFSET, 8),
+            fence: at(FenceWord::OFFSET, CONTROL_WORD_BYTES),
+            head: at(HeadWord::OFFSET, CONTROL_WORD_BYTES),
         }
     }
 }

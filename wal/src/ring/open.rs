@@ -13,10 +13,9 @@ use std::sync::atomic::Ordering;
 
 use memmap2::{MmapMut, MmapOptions};
 
+use crate::control_word::HeadWord;
 use crate::error::{LayoutError, Result, WalError};
-use crate::layout::{
-    CONTROL_BLOCK_BYTES, HEAD_OFFSET, MAX_LSN, RING_HEADER_BYTES, RingHeader, check_index,
-};
+use crate::layout::{CONTROL_BLOCK_BYTES, MAX_LSN, RING_HEADER_BYTES, RingHeader, check_index};
 use crate::meta::sync_dir;
 use crate::recovery::{ScanInput, ScanReport, scan};
 use crate::validate::{ChainTip, Geometry};
@@ -141,7 +140,8 @@ impl Ring {
             memory_locked,
         };
         // Check the control words before writing anything.
-        let head_word = ring.word(HEAD_OFFSET).load(Ordering::Acquire);
+        let head_word =
+            HeadWord::from_word(ring.word(HeadWord::OFFSET).load(Ordering::Acquire)).lsn();
         if head_word > MAX_LSN {
             return Err(WalError::Layout {
                 path: path.to_path_buf(),

@@ -5,10 +5,9 @@
 
 use std::sync::atomic::Ordering;
 
+use crate::control_word::HeadWord;
 use crate::error::{Result, WalError};
-use crate::layout::{
-    ACKED_OFFSET, HEAD_OFFSET, MAX_LSN, check_index, check_term, encode_index_word,
-};
+use crate::layout::{ACKED_OFFSET, MAX_LSN, check_index, check_term, encode_index_word};
 use crate::meta::PurgePoint;
 use crate::validate::{ChainTip, LogPos};
 
@@ -88,8 +87,8 @@ impl Ring {
             self.tip = ChainTip::after(Some(point.log));
         }
         self.head_lsn = point.next_lsn;
-        self.word(HEAD_OFFSET)
-            .store(point.next_lsn, Ordering::Release);
+        self.word(HeadWord::OFFSET)
+            .store(HeadWord::new(point.next_lsn).to_word(), Ordering::Release);
     }
 }
 
@@ -313,7 +312,8 @@ impl Ring {
         if lsn > self.head_lsn && lsn <= MAX_LSN {
             self.head_lsn = lsn;
             self.tail_lsn = lsn;
-            self.word(HEAD_OFFSET).store(lsn, Ordering::Release);
+            self.word(HeadWord::OFFSET)
+                .store(HeadWord::new(lsn).to_word(), Ordering::Release);
         }
     }
 }
