@@ -67,58 +67,8 @@ impl Ring {
             .open(path)
             .map_err(WalError::io("open", path))?;
         crate::shm::hold(&file, path);
-        let mut line = [0u8; RING_HEADER_BYTES];
-        file.read_exact_at(&mut line, 0)
-            .map_err(WalError::io("read header", path))?;
-        let mut header = RingHeader::decode(&line).map_err(|source| WalError::Layout {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        header.incarnation = header
-            .incarnation
-            .checked_add(1)
-            .ok_or_else(|| WalError::Layout {
-                path: path.to_path_buf(),
-                source: LayoutError::OutOfRange {
-                    field: "incarnation",
-                    value: header.incarnation,
-                    rule: "no incarnation is left to bump it to",
-                },
-            })?;
-        for (field, expected, found) in [
-            ("cluster id", config.cluster_id, header.cluster_id),
-            ("node id", config.node_id, header.node_id),
-            ("capacity", config.capacity, header.capacity),
-        ] {
-            if expected != found {
-                return Err(WalError::Foreign {
-                    path: path.to_path_buf(),
-                    field,
-                    expected,
-                    found,
-                });
-            }
-        }
-        let total = CONTROL_BLOCK_BYTES as u64 + config.capacity;
-        let size = file.metadata().map_err(WalError::io("stat", path))?.len();
-        if size != total {
-            return Err(WalError::Inconsistent {
-                path: path.to_path_buf(),
-                what: format!("file is {size} bytes, its header says {total}"),
-            });
-        }
-        let len = usize::try_from(total).map_err(|_| {
-            WalError::Config(format!("ring of {total} bytes does not fit in memory"))
-        })?;
-        fresh_page_cache(&file, path)?;
-        // SAFETY: the file is ours (a ring of this node, checked above) and is
-        // not resized while mapped: the ring keeps it open and never truncates
-        // it. Concurrent writers other than a registered fabric are outside
-        // the contract (one process owns a data directory).
-        let mut map = unsafe { MmapOptions::new().len(len).map_mut(&file) }
-            .map_err(WalError::io("mmap", path))?;
-        map.advise(memmap2::Advice::Random)
-            .map_err(WalError::io("madvise", path))?;
+        let header = read_own_header(&file, path, config)?;
+        let mut map = map_ring(&file, path, config)?;
         let base = NonNull::new(map.as_mut_ptr()).expect("mmap returns a non-null pointer");
         let memory_locked = config.lock_memory && lock_memory(&map, path);
 
@@ -184,6 +134,69 @@ impl Ring {
         ring.sync_control()?;
         Ok((ring, report))
     }
+}
+
+/// Step of [`Ring::open`]: reads the static header, bumps its incarnation
+/// and checks that the ring is this node's (cluster, node, capacity).
+fn read_own_header(file: &File, path: &Path, config: &RingConfig) -> Result<RingHeader> {
+    let mut line = [0u8; RING_HEADER_BYTES];
+    file.read_exact_at(&mut line, 0)
+        .map_err(WalError::io("read header", path))?;
+    let mut header = RingHeader::decode(&line).map_err(|source| WalError::Layout {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    header.incarnation = header
+        .incarnation
+        .checked_add(1)
+        .ok_or_else(|| WalError::Layout {
+            path: path.to_path_buf(),
+            source: LayoutError::OutOfRange {
+                field: "incarnation",
+                value: header.incarnation,
+                rule: "no incarnation is left to bump it to",
+            },
+        })?;
+    for (field, expected, found) in [
+        ("cluster id", config.cluster_id, header.cluster_id),
+        ("node id", config.node_id, header.node_id),
+        ("capacity", config.capacity, header.capacity),
+    ] {
+        if expected != found {
+            return Err(WalError::Foreign {
+                path: path.to_path_buf(),
+                field,
+                expected,
+                found,
+            });
+        }
+    }
+    Ok(header)
+}
+
+/// Step of [`Ring::open`]: checks the file's size against the header, sets
+/// up a fresh page cache and maps the file.
+fn map_ring(file: &File, path: &Path, config: &RingConfig) -> Result<MmapMut> {
+    let total = CONTROL_BLOCK_BYTES as u64 + config.capacity;
+    let size = file.metadata().map_err(WalError::io("stat", path))?.len();
+    if size != total {
+        return Err(WalError::Inconsistent {
+            path: path.to_path_buf(),
+            what: format!("file is {size} bytes, its header says {total}"),
+        });
+    }
+    let len = usize::try_from(total)
+        .map_err(|_| WalError::Config(format!("ring of {total} bytes does not fit in memory")))?;
+    fresh_page_cache(file, path)?;
+    // SAFETY: the file is ours (a ring of this node, checked above) and is
+    // not resized while mapped: the ring keeps it open and never truncates
+    // it. Concurrent writers other than a registered fabric are outside
+    // the contract (one process owns a data directory).
+    let map =
+        unsafe { MmapOptions::new().len(len).map_mut(file) }.map_err(WalError::io("mmap", path))?;
+    map.advise(memmap2::Advice::Random)
+        .map_err(WalError::io("madvise", path))?;
+    Ok(map)
 }
 
 /// Checks the control words that hold `index + 1` (the acknowledged
