@@ -23,7 +23,7 @@ use futures::future::BoxFuture;
 use ringraft_transport::{
     Access, AtomicCapability, ConnConfig, Connection, Device, MemoryRegion, RemoteRegion,
 };
-use ringraft_wal::{Epoch, RingRegions};
+use ringraft_wal::{Epoch, FenceWord, RingRegions};
 
 use crate::log_store::{LogStore, RingGuard};
 use crate::protocol::{Hello, decode};
@@ -292,19 +292,20 @@ impl GuardInner {
                 loop {
                     let bytes = conn.read(hello.fence.start(), 8).await?;
                     // The transport checks READ lengths; still no panic here.
-                    let current = u64::from_le_bytes(bytes.try_into().map_err(|b: Vec<u8>| {
+                    let current = FenceWord::from_bytes(&bytes).map_err(|e| {
                         ringraft_transport::TransportError::Invalid(format!(
                             "a READ of this node's fence word returned {} bytes, not 8",
-                            b.len()
+                            e.found
                         ))
-                    })?);
-                    if current >= epoch.0 {
+                    })?;
+                    if current.epoch() >= epoch {
                         return Ok(false);
                     }
+                    let new = FenceWord::new(epoch).to_word();
                     if conn
-                        .compare_swap(hello.fence.start(), current, epoch.0)
+                        .compare_swap(hello.fence.start(), current.to_word(), new)
                         .await?
-                        == current
+                        == current.to_word()
                     {
                         return Ok(true);
                     }

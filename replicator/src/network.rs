@@ -37,7 +37,7 @@ use openraft::raft::{
     TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use ringraft_transport::{ConnConfig, Connection, Device, Received, RemoteRegion};
-use ringraft_wal::{EntryRef, Epoch, RecordEncoder, WriteBuffer};
+use ringraft_wal::{EntryRef, Epoch, FenceWord, HeadWord, RecordEncoder, WordLength, WriteBuffer};
 
 use crate::log_store::encode_payload;
 use crate::protocol::{AppendBody, Hello, MAX_PART_BYTES, Reply, Request, Tail, decode, encode};
@@ -296,16 +296,16 @@ fn check_tail(tail: &Tail, capacity: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// The word an 8-byte READ returned. The transport checks the length of
-/// READ results; checked again here, where the bytes become a word.
-fn word_of(bytes: &[u8], what: &str, target: u64) -> Result<u64, Failure> {
-    let word: [u8; 8] = bytes.try_into().map_err(|_| {
+/// The failure of an 8-byte READ of a control word that returned another
+/// length. The transport checks the length of READ results; the wal's word
+/// decoders check it again, where the bytes become a word.
+fn short_word(target: u64) -> impl Fn(WordLength) -> Failure {
+    move |e| {
         Failure::Network(format!(
-            "a READ of node {target}'s {what} word returned {} bytes, not 8",
-            bytes.len()
+            "a READ of node {target}'s {} word returned {} bytes, not 8",
+            e.word, e.found
         ))
-    })?;
-    Ok(u64::from_le_bytes(word))
+    }
 }
 
 /// A request in flight: its reply comes in order on the connection.
@@ -529,7 +529,9 @@ impl PeerNet {
         let transport = |e: ringraft_transport::TransportError| Failure::Network(e.to_string());
         loop {
             let bytes = conn.read(fence.start(), 8).await.map_err(transport)?;
-            let current = Epoch(word_of(&bytes, "fence", self.target)?);
+            let current = FenceWord::from_bytes(&bytes)
+                .map_err(short_word(self.target))?
+                .epoch();
             if current == epoch {
                 break;
             }
@@ -540,10 +542,14 @@ impl PeerNet {
                 return Err(Failure::HigherVote(higher));
             }
             if conn
-                .compare_swap(fence.start(), current.0, epoch.0)
+                .compare_swap(
+                    fence.start(),
+                    FenceWord::new(current).to_word(),
+                    FenceWord::new(epoch).to_word(),
+                )
                 .await
                 .map_err(transport)?
-                == current.0
+                == FenceWord::new(current).to_word()
             {
                 self.ctx.metrics.fence_changes.inc();
                 break;
@@ -603,7 +609,9 @@ impl PeerNet {
                 .read(link.hello.head.start(), 8)
                 .await
                 .map_err(|e| Failure::Network(e.to_string()))?;
-            let head_lsn = word_of(&bytes, "head", self.target)?;
+            let head_lsn = HeadWord::from_bytes(&bytes)
+                .map_err(short_word(self.target))?
+                .lsn();
             // A follower's head never passes its adopted tail, which is at
             // most where this leader writes next.
             if head_lsn > view.tail.next_lsn {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use openraft::raft::{AppendEntriesRequest, VoteResponse};
 use ringraft_transport::{Connection, Listener, Received};
-use ringraft_wal::{AdoptRequest, Epoch, LogPos};
+use ringraft_wal::{AdoptRequest, Epoch, FenceWord, LogPos};
 
 use crate::fencing::FencedRing;
 use crate::log_store::LogStore;
@@ -92,13 +92,14 @@ async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
 
 fn not_fenced(store: &LogStore) -> Reply {
     Reply::NotFenced {
-        fence: store.fence().0,
+        fence: FenceWord::new(store.fence()).to_word(),
     }
 }
 
 /// True when `epoch` is the ring's fence and belongs to `peer`.
 fn fenced_by(store: &LogStore, epoch: u64, peer: u64) -> bool {
-    Epoch(epoch).leader_id() == peer && store.fence().0 == epoch
+    FenceWord::from_word(epoch).epoch().leader_id() == peer
+        && FenceWord::new(store.fence()).to_word() == epoch
 }
 
 async fn handle(
@@ -121,7 +122,9 @@ async fn handle(
                         data,
                         tail: ctx.store.tail(),
                     },
-                    Err(fence) => Reply::NotFenced { fence: fence.0 },
+                    Err(fence) => Reply::NotFenced {
+                        fence: FenceWord::new(fence).to_word(),
+                    },
                 })
                 .await
         }

@@ -58,6 +58,7 @@
 #![warn(missing_docs)]
 
 pub mod check;
+pub mod control_word;
 mod crc;
 pub mod disk;
 pub mod error;
@@ -73,6 +74,7 @@ pub mod store;
 pub mod validate;
 
 pub use check::{CheckReport, check};
+pub use control_word::{FenceWord, HeadWord, WordLength};
 pub use disk::{Access, Disk, DiskFile, RealDisk, RealFile};
 pub use error::{AdoptError, LayoutError, Result, WalError};
 pub use layout::{Epoch, RingHeader};
