@@ -4,10 +4,11 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ringraft::{Durability, Node, NodeError, Session};
+use ringraft_checker::Recorder as History;
 use ringraft_testkit::inproc::damage;
 use ringraft_testkit::inproc::{Cluster, Kind};
 use ringraft_wal::Damage;
@@ -18,9 +19,11 @@ fn commands(c: &Cluster, id: u64) -> Vec<Vec<u8>> {
     c.applied(id).entries.into_iter().map(|(_, d)| d).collect()
 }
 
-/// Asserts that every acknowledged command appears exactly once in node
-/// `id`'s applied log, and that all running nodes applied the same sequence.
-fn assert_nothing_lost(c: &Cluster, acked: &[Vec<u8>]) {
+/// Asserts that all running nodes applied the same sequence and that the
+/// checker finds `history` valid against it: every acknowledged append
+/// applied exactly once, at its acknowledged index, nothing applied that
+/// was not proposed, one order on every node (ringraft-checker's rules).
+fn assert_nothing_lost(c: &Cluster, history: &History) {
     let running = c.running();
     let reference = commands(c, running[0]);
     for id in &running {
@@ -30,23 +33,19 @@ fn assert_nothing_lost(c: &Cluster, acked: &[Vec<u8>]) {
             "node {id} applied a different sequence"
         );
     }
-    for a in acked {
-        let n = reference.iter().filter(|x| *x == a).count();
-        assert_eq!(
-            n,
-            1,
-            "acknowledged {:?} appears {n} times",
-            String::from_utf8_lossy(a)
-        );
-    }
+    let verdict = c.check(history);
+    assert!(verdict.valid, "{verdict}");
 }
 
-async fn write_n(c: &Cluster, prefix: &str, n: u32, acked: &mut Vec<Vec<u8>>) -> u64 {
+/// Appends `n` records `{prefix}-{k}` through the leader, recorded in
+/// `history`; returns the last one's index.
+async fn write_n(c: &Cluster, prefix: &str, n: u32, history: &History) -> u64 {
     let mut last = 0;
     for k in 0..n {
-        let data = format!("{prefix}-{k}").into_bytes();
-        let (index, _) = c.propose(data.clone(), T).await.unwrap();
-        acked.push(data);
+        let (index, _) = c
+            .propose_recorded(history, &format!("{prefix}-{k}"), T)
+            .await
+            .unwrap();
         last = index;
     }
     last
@@ -54,16 +53,16 @@ async fn write_n(c: &Cluster, prefix: &str, n: u32, acked: &mut Vec<Vec<u8>>) ->
 
 async fn leader_crash_fails_over(kind: Kind) {
     let mut c = Cluster::start(kind, 3, Durability::Memory, 2).await;
-    let mut acked = Vec::new();
-    write_n(&c, "before", 30, &mut acked).await;
+    let history = History::new();
+    write_n(&c, "before", 30, &history).await;
     let old = c.leader().await;
     c.stop(old).await;
     let new = c.leader().await;
     assert_ne!(new, old);
-    let last = write_n(&c, "after", 30, &mut acked).await;
+    let last = write_n(&c, "after", 30, &history).await;
     c.boot(old).await.unwrap();
     c.wait_applied(last, T).await;
-    assert_nothing_lost(&c, &acked);
+    assert_nothing_lost(&c, &history);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,8 +83,8 @@ async fn every_node_restarted_recovers_from_ring_and_snapshot() {
             cfg.keep_after_snapshot = 5;
         })
         .await;
-        let mut acked = Vec::new();
-        let last = write_n(&c, "x", 150, &mut acked).await;
+        let history = History::new();
+        let last = write_n(&c, "x", 150, &history).await;
         c.wait_applied(last, T).await;
         for id in c.running() {
             c.stop(id).await;
@@ -104,17 +103,17 @@ async fn every_node_restarted_recovers_from_ring_and_snapshot() {
             c.boot(id).await.unwrap();
         }
         c.leader().await;
-        let last = write_n(&c, "y", 10, &mut acked).await;
+        let last = write_n(&c, "y", 10, &history).await;
         c.wait_applied(last, T).await;
-        assert_nothing_lost(&c, &acked);
+        assert_nothing_lost(&c, &history);
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_with_a_damaged_ring_recovers_and_never_applies_a_corrupt_entry() {
     let mut c = Cluster::start(Kind::Inproc, 3, Durability::Memory, 4).await;
-    let mut acked = Vec::new();
-    let last = write_n(&c, "a", 40, &mut acked).await;
+    let history = History::new();
+    let last = write_n(&c, "a", 40, &history).await;
     c.wait_applied(last, T).await;
     let leader = c.leader().await;
     let follower = (1..=3).find(|id| *id != leader).unwrap();
@@ -123,9 +122,9 @@ async fn a_follower_with_a_damaged_ring_recovers_and_never_applies_a_corrupt_ent
     // Truncate: lose the log's tail (zeroes).
     damage::zero_from(&c, follower, last - 5);
     c.boot(follower).await.unwrap();
-    let last = write_n(&c, "b", 10, &mut acked).await;
+    let last = write_n(&c, "b", 10, &history).await;
     c.wait_applied(last, T).await;
-    assert_nothing_lost(&c, &acked);
+    assert_nothing_lost(&c, &history);
 
     // Flip one bit of an entry's payload.
     c.stop(follower).await;
@@ -133,11 +132,11 @@ async fn a_follower_with_a_damaged_ring_recovers_and_never_applies_a_corrupt_ent
     let report = ringraft_wal::check(&c.data_dir(follower)).unwrap();
     assert!(report.stop.is_some(), "the checker sees the break");
     c.boot(follower).await.unwrap();
-    let last = write_n(&c, "c", 10, &mut acked).await;
+    let last = write_n(&c, "c", 10, &history).await;
     c.wait_applied(last, T).await;
     // The recorder asserts order on every apply; the logs are identical, so
     // the flipped entry was never applied (its bytes differ).
-    assert_nothing_lost(&c, &acked);
+    assert_nothing_lost(&c, &history);
 }
 
 /// Issue 11, item 1: a follower whose ring a reboot cleared (shared memory
@@ -150,8 +149,8 @@ async fn a_follower_with_a_damaged_ring_recovers_and_never_applies_a_corrupt_ent
 async fn a_follower_whose_ring_a_reboot_cleared_catches_up() {
     for durability in [Durability::Memory, Durability::Fsync] {
         let mut c = Cluster::start(Kind::Inproc, 3, durability, 11).await;
-        let mut acked = Vec::new();
-        let last = write_n(&c, "a", 40, &mut acked).await;
+        let history = History::new();
+        let last = write_n(&c, "a", 40, &history).await;
         c.wait_applied(last, T).await;
         let leader = c.leader().await;
         let follower = (1..=3).find(|id| *id != leader).unwrap();
@@ -171,9 +170,9 @@ async fn a_follower_whose_ring_a_reboot_cleared_catches_up() {
         // flushed them in either durability).
         assert_eq!(recovery.last.map(|l| l.index), Some(last), "{recovery:?}");
         assert!(recovery.fence.term() >= vote.term, "{recovery:?} {vote:?}");
-        let last = write_n(&c, "b", 10, &mut acked).await;
+        let last = write_n(&c, "b", 10, &history).await;
         c.wait_applied(last, T).await;
-        assert_nothing_lost(&c, &acked);
+        assert_nothing_lost(&c, &history);
         assert_eq!(
             c.node(follower)
                 .log_store()
@@ -187,8 +186,8 @@ async fn a_follower_whose_ring_a_reboot_cleared_catches_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_corrupt_inside_grants_no_vote_and_the_lossy_election_does_not_happen() {
     let mut c = Cluster::start(Kind::Inproc, 3, Durability::Memory, 5).await;
-    let mut acked = Vec::new();
-    let early = write_n(&c, "early", 10, &mut acked).await;
+    let history = History::new();
+    let early = write_n(&c, "early", 10, &history).await;
     // Stop the lagging node only once it holds those: stopped while the
     // leader still WRITEs into its ring, it may come back "corrupt inside"
     // itself (a zeroed batch below a pipelined one), and then it would not
@@ -199,7 +198,7 @@ async fn a_node_corrupt_inside_grants_no_vote_and_the_lossy_election_does_not_ha
     let (b, lagging) = (others[0], others[1]);
     // The lagging node misses the next committed entries.
     c.stop(lagging).await;
-    let last = write_n(&c, "committed", 30, &mut acked).await;
+    let last = write_n(&c, "committed", 30, &history).await;
     c.node(b).wait_applied(last, T).await.unwrap();
     c.stop(a).await;
     c.stop(b).await;
@@ -245,9 +244,9 @@ async fn a_node_corrupt_inside_grants_no_vote_and_the_lossy_election_does_not_ha
     c.boot(a).await.unwrap();
     let leader = c.leader().await;
     assert_ne!(leader, b, "the corrupt node must not lead");
-    let last = write_n(&c, "late", 5, &mut acked).await;
+    let last = write_n(&c, "late", 5, &history).await;
     c.wait_applied(last, T).await;
-    assert_nothing_lost(&c, &acked);
+    assert_nothing_lost(&c, &history);
     assert!(
         !c.node(b).log_store().votes_blocked(),
         "b was re-replicated past its break"
@@ -304,24 +303,36 @@ async fn membership_changes_under_load() {
     })
     .await;
     let stop = Arc::new(AtomicBool::new(false));
-    let acked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let history = History::new();
+    let acked = Arc::new(AtomicUsize::new(0));
     let cluster = Arc::new(tokio::sync::RwLock::new(()));
     let writer = {
-        let (stop, acked) = (stop.clone(), acked.clone());
-        let nodes: Vec<_> = (1..=3).map(|id| c.node(id).clone()).collect();
+        let (stop, acked, history) = (stop.clone(), acked.clone(), history.clone());
+        let nodes: Vec<_> = (1..=3).map(|id| (id, c.node(id).clone())).collect();
         tokio::spawn(async move {
+            // Every try is an operation of its own with data of its own: a
+            // try whose outcome is unknown may have been applied, so its
+            // data is never proposed again.
             let mut k = 0u32;
             while !stop.load(Ordering::Relaxed) {
-                let data = format!("load-{k}").into_bytes();
-                for n in &nodes {
-                    match n.propose(data.clone()).await {
-                        Ok(_) => {
-                            acked.lock().unwrap().push(data.clone());
-                            k += 1;
+                for (id, n) in &nodes {
+                    let data = format!("load-{k}");
+                    k += 1;
+                    let op = history.invoke_append_via(history.fresh_process(), *id, &data);
+                    match n.propose(data.into_bytes()).await {
+                        Ok((index, _)) => {
+                            history.ok(op, index);
+                            acked.fetch_add(1, Ordering::Relaxed);
                             break;
                         }
-                        Err(NodeError::NotLeader { .. }) => continue,
-                        Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                        Err(e @ NodeError::NotLeader { .. }) => {
+                            history.fail(op, e.to_string());
+                            continue;
+                        }
+                        Err(e) => {
+                            history.info(op, e.to_string());
+                            tokio::time::sleep(Duration::from_millis(10)).await
+                        }
                     }
                 }
             }
@@ -334,7 +345,7 @@ async fn membership_changes_under_load() {
         let acked = acked.clone();
         async move {
             let deadline = tokio::time::Instant::now() + T;
-            while acked.lock().unwrap().len() < n {
+            while acked.load(Ordering::Relaxed) < n {
                 assert!(
                     tokio::time::Instant::now() < deadline,
                     "the load stalled below {n} writes"
@@ -362,18 +373,16 @@ async fn membership_changes_under_load() {
     })
     .await;
     // And it goes on with five voters.
-    let during = acked.lock().unwrap().len();
+    let during = acked.load(Ordering::Relaxed);
     acked_at_least(during + 10).await;
     stop.store(true, Ordering::Relaxed);
     writer.await.unwrap();
     let leader = c.leader().await;
     let status = c.node(leader).status();
     assert_eq!(status.voters, BTreeSet::from([1, 2, 3, 4, 5]));
-    let last = c.propose(b"final".to_vec(), T).await.unwrap().0;
+    let last = c.propose_recorded(&history, "final", T).await.unwrap().0;
     c.wait_applied(last, T).await;
-    let mut acked = acked.lock().unwrap().clone();
-    acked.push(b"final".to_vec());
-    assert_nothing_lost(&c, &acked);
+    assert_nothing_lost(&c, &history);
 }
 
 /// Issue 10, item 1 (red CI on an idle machine) and item 2 (a full ring
@@ -392,20 +401,20 @@ async fn a_follower_that_lagged_past_its_ring_gets_a_snapshot() {
         cfg.keep_after_snapshot = 10;
     })
     .await;
-    let mut acked = Vec::new();
-    write_n(&c, "warm", 5, &mut acked).await;
+    let history = History::new();
+    write_n(&c, "warm", 5, &history).await;
     let leader = c.leader().await;
     let lagging = (1..=3).find(|id| *id != leader).unwrap();
     c.stop(lagging).await;
     // Far more than one ring's worth: 1500 entries of 2 KiB (3 MiB of
     // records through a 1 MiB ring), so the leader purged past it.
-    let big = vec![b'z'; 2048];
+    let big = "z".repeat(2048);
     let mut last = 0;
     for k in 0..1500u32 {
-        let mut data = big.clone();
-        data.extend_from_slice(format!("-{k}").as_bytes());
-        let (index, _) = c.propose(data.clone(), T).await.unwrap();
-        acked.push(data);
+        let (index, _) = c
+            .propose_recorded(&history, &format!("{big}-{k}"), T)
+            .await
+            .unwrap();
         last = index;
     }
     let purged = c.node(leader).log_store().with_wal(|w| w.first_index());
@@ -415,7 +424,7 @@ async fn a_follower_that_lagged_past_its_ring_gets_a_snapshot() {
     );
     c.boot(lagging).await.unwrap();
     c.wait_applied(last, T).await;
-    assert_nothing_lost(&c, &acked);
+    assert_nothing_lost(&c, &history);
     assert!(
         c.data_dir(lagging).join("snapshot").exists(),
         "the lagging node installed a snapshot"
@@ -447,8 +456,8 @@ async fn writers_at_full_speed_through_a_small_ring_with_a_follower_down_never_s
         cfg.election_timeout_ms = (1500, 3000);
     })
     .await;
-    let mut acked = Vec::new();
-    write_n(&c, "warm", 5, &mut acked).await;
+    let history = History::new();
+    write_n(&c, "warm", 5, &history).await;
     let leader = c.leader().await;
     let down = (1..=3).find(|id| *id != leader).unwrap();
     c.stop(down).await;
@@ -458,12 +467,15 @@ async fn writers_at_full_speed_through_a_small_ring_with_a_follower_down_never_s
     let mut writers = Vec::new();
     for w in 0..WRITERS {
         let node: Node = c.node(leader).clone();
+        let history = history.clone();
         writers.push(tokio::spawn(async move {
-            let mut acked = Vec::new();
+            let process = history.fresh_process();
             let mut last = 0;
             for seq in 1..=per_writer {
-                let mut data = vec![b'a' + w as u8; ENTRY_BYTES];
-                data.extend_from_slice(format!("-{w}-{seq}").as_bytes());
+                let fill = char::from(b'a' + w as u8).to_string().repeat(ENTRY_BYTES);
+                let text = format!("{fill}-{w}-{seq}");
+                let data = text.clone().into_bytes();
+                let op = history.invoke_append_via(process, leader, text);
                 // A session: a retry after an unknown outcome is applied
                 // once.
                 let session = Session {
@@ -487,26 +499,25 @@ async fn writers_at_full_speed_through_a_small_ring_with_a_follower_down_never_s
                         Err(e) => panic!("writer {w}, proposal {seq}: {e}"),
                     }
                 };
-                acked.push(data);
+                history.ok(op, index);
                 last = last.max(index);
             }
-            (acked, last)
+            last
         }));
     }
     let mut last = 0;
     for writer in writers {
-        let (mut theirs, their_last) = writer.await.unwrap();
-        acked.append(&mut theirs);
-        last = last.max(their_last);
+        last = last.max(writer.await.unwrap());
     }
 
     // The node that led under load is still a member that commits.
+    let op = history.invoke_append_via(history.fresh_process(), leader, "after the load");
     let (index, _) = c
         .node(leader)
         .propose(b"after the load".to_vec())
         .await
         .expect("the node that led under load still commits");
-    acked.push(b"after the load".to_vec());
+    history.ok(op, index);
     last = last.max(index);
     c.node(leader).wait_applied(last, T).await.unwrap();
     let (head, tail, first_index) = c.node(leader).log_store().with_wal(|w| {
@@ -531,7 +542,7 @@ async fn writers_at_full_speed_through_a_small_ring_with_a_follower_down_never_s
     // between snapshots).
     c.boot(down).await.unwrap();
     c.wait_applied(last, T).await;
-    assert_nothing_lost(&c, &acked);
+    assert_nothing_lost(&c, &history);
     assert!(
         !c.data_dir(down).join("snapshot").exists(),
         "the stopped follower caught up from the segments, not by a snapshot"
@@ -550,8 +561,8 @@ async fn a_stale_leader_writes_nothing_valid_and_steps_down() {
         cfg.conn.ack_timeout_exp = 20;
     })
     .await;
-    let mut acked = Vec::new();
-    let last_before = write_n(&c, "before", 20, &mut acked).await;
+    let history = History::new();
+    let last_before = write_n(&c, "before", 20, &history).await;
     // Every follower holds those: what the frozen leader WRITEs from now on
     // is the stale proposals'.
     c.wait_applied(last_before, T).await;
@@ -562,24 +573,35 @@ async fn a_stale_leader_writes_nothing_valid_and_steps_down() {
     // fabric holds (in flight) until the unfreeze. Waiting for the posts,
     // not for a time, makes sure they exist on any machine.
     c.fabric.pause(&format!("node{old}"));
+    let old_term = c.node(old).status().term;
+    // The checker's stale-leader rules hold from here to the heal: nothing
+    // sent to the old leader is acknowledged meanwhile, and none of it ends
+    // up in a log under its term.
+    history.leader_isolated(old, old_term);
     let written_before = c.node(old).metrics().bytes_written.get();
     let old_node = c.node(old).clone();
+    let stale_history = history.clone();
     let stale_writer = tokio::spawn(async move {
         let mut writers = Vec::new();
         for w in 0..4u32 {
             let node = old_node.clone();
+            let history = stale_history.clone();
             writers.push(tokio::spawn(async move {
-                let data = format!("stale-{w}").into_bytes();
+                let data = format!("stale-{w}");
+                let op = history.invoke_append_via(history.fresh_process(), old, &data);
                 let r =
-                    tokio::time::timeout(Duration::from_secs(60), node.propose(data.clone())).await;
-                (data, matches!(r, Ok(Ok(_))))
+                    tokio::time::timeout(Duration::from_secs(60), node.propose(data.into_bytes()))
+                        .await;
+                match r {
+                    Ok(Ok((index, _))) => history.ok(op, index),
+                    Ok(Err(e)) => history.info(op, e.to_string()),
+                    Err(_) => history.info(op, "no answer in 60 s"),
+                }
             }));
         }
-        let mut all = Vec::new();
         for w in writers {
-            all.push(w.await.unwrap());
+            w.await.unwrap();
         }
-        all
     });
     let deadline = tokio::time::Instant::now() + T;
     while c.node(old).metrics().bytes_written.get() == written_before {
@@ -590,14 +612,16 @@ async fn a_stale_leader_writes_nothing_valid_and_steps_down() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     c.leader_among(&followers, T).await;
-    let mut after = Vec::new();
     let mut last = 0;
     for k in 0..30u32 {
-        let data = format!("new-{k}").into_bytes();
+        let data = format!("new-{k}");
+        // NotLeader proposed nothing: the same operation is tried again.
+        let mut op = Some(history.invoke_append(history.fresh_process(), &data));
         loop {
             let leader = c.leader_among(&followers, T).await;
-            match c.node(leader).propose(data.clone()).await {
+            match c.node(leader).propose(data.clone().into_bytes()).await {
                 Ok((index, _)) => {
+                    history.ok(op.take().expect("completed once"), index);
                     last = index;
                     break;
                 }
@@ -607,7 +631,6 @@ async fn a_stale_leader_writes_nothing_valid_and_steps_down() {
                 Err(e) => panic!("{e}"),
             }
         }
-        after.push(data);
     }
     let new = c.leader_among(&followers, T).await;
     // The new leader took every follower's fence (held while it leads).
@@ -630,19 +653,14 @@ async fn a_stale_leader_writes_nothing_valid_and_steps_down() {
     };
     let refused_before = refused(&c);
     // Unfreeze: the old leader's held WRITEs and messages arrive now.
+    history.leader_healed(old, old_term);
     c.fabric.resume(&format!("node{old}"));
-    let results = stale_writer.await.unwrap();
-    for (data, ok) in &results {
-        if *ok {
-            acked.push(data.clone());
-        }
-    }
-    acked.extend(after);
+    stale_writer.await.unwrap();
     // The old leader steps down and follows.
     let leader = c.leader().await;
     assert_ne!(leader, old);
     c.wait_applied(last, T).await;
-    assert_nothing_lost(&c, &acked);
+    assert_nothing_lost(&c, &history);
     // No follower's log holds an entry of the old leader's term written
     // after the new leader's first entry, and the logs agree entry by entry.
     let logs: Vec<Vec<(u64, u64)>> = (1..=3)
@@ -686,8 +704,8 @@ async fn a_restarted_leader_that_lost_its_tail_does_not_reuse_its_term() {
         cfg.election_timeout_ms = (2500, 3000);
     })
     .await;
-    let mut acked = Vec::new();
-    let last = write_n(&c, "before", 20, &mut acked).await;
+    let history = History::new();
+    let last = write_n(&c, "before", 20, &history).await;
     c.wait_applied(last, T).await;
     let leader = c.leader().await;
     let term = c.node(leader).status().term;
@@ -695,9 +713,9 @@ async fn a_restarted_leader_that_lost_its_tail_does_not_reuse_its_term() {
     // Lose the leader's last three entries (zeroes from there on).
     damage::zero_from(&c, leader, last - 2);
     c.boot(leader).await.unwrap();
-    let last = write_n(&c, "after", 10, &mut acked).await;
+    let last = write_n(&c, "after", 10, &history).await;
     c.wait_applied(last, T).await;
-    assert_nothing_lost(&c, &acked);
+    assert_nothing_lost(&c, &history);
     assert!(
         c.node(c.leader().await).status().term > term,
         "leadership went through a new election"

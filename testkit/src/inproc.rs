@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,6 +17,11 @@ use ringraft::{
 };
 use ringraft_transport::inproc;
 use serde::{Deserialize, Serialize};
+
+use ringraft::Session;
+use ringraft::types::FIRST_SEQ;
+use ringraft_checker::history::FinalRecord;
+use ringraft_checker::{FinalLogs, Recorder as History, Verdict};
 
 use crate::leader::{NodeView, Observe, Wanted, wait_for_leader};
 
@@ -40,6 +46,24 @@ pub enum Kind {
 pub struct AppliedLog {
     /// (index, command) in apply order.
     pub entries: Vec<(u64, Vec<u8>)>,
+    /// The term of each entry of `entries` (same length, same order).
+    #[serde(default)]
+    pub terms: Vec<u64>,
+}
+
+impl AppliedLog {
+    /// What was applied, as the checker's final log: (index, term, data),
+    /// the data read as UTF-8 (lossily: the tests' commands are text).
+    pub fn final_records(&self) -> Vec<FinalRecord> {
+        assert_eq!(self.entries.len(), self.terms.len(), "one term per entry");
+        self.entries
+            .iter()
+            .zip(&self.terms)
+            .map(|((index, data), term)| {
+                FinalRecord::new(*index, *term, String::from_utf8_lossy(data).into_owned())
+            })
+            .collect()
+    }
 }
 
 /// A state machine that records every command; its answer is the count of
@@ -65,6 +89,7 @@ impl StateMachine for Recorder {
                     );
                 }
                 log.entries.push((a.index, a.data.to_vec()));
+                log.terms.push(a.term);
                 (log.entries.len() as u64).to_le_bytes().to_vec()
             })
             .collect()
@@ -101,6 +126,8 @@ pub struct Cluster {
     _dirs: Vec<tempfile::TempDir>,
     /// The members, by id.
     pub members: BTreeMap<u64, Member>,
+    /// The client id of the next proposal's session.
+    next_client_id: AtomicU64,
 }
 
 /// Installs a tracing subscriber once (RUST_LOG decides what shows).
@@ -169,6 +196,7 @@ impl Cluster {
             fabric,
             _dirs: dirs,
             members,
+            next_client_id: AtomicU64::new(1),
         };
         for id in 1..=n {
             cluster.boot(id).await.expect("node starts");
@@ -293,17 +321,32 @@ impl Cluster {
     }
 
     /// Proposes `data` through whoever is leader, retrying on leader changes
-    /// (at most `timeout`). Returns (index, answer, leader used).
+    /// (at most `timeout`). Returns (index, answer).
+    ///
+    /// The proposal is a session of its own (a client id of this cluster's,
+    /// seq [`FIRST_SEQ`]): a retry after [`NodeError::Unknown`] (the first
+    /// try may have been committed) is answered from the session table
+    /// instead of being applied a second time. Without it, a retried
+    /// proposal whose first try had committed was in the log twice, and an
+    /// exactly-once check failed on the harness, not on the node.
     pub async fn propose(
         &self,
         data: Vec<u8>,
         timeout: Duration,
     ) -> Result<(u64, Vec<u8>), NodeError> {
+        let session = Session {
+            client_id: self.next_client_id.fetch_add(1, Ordering::Relaxed),
+            seq: FIRST_SEQ,
+        };
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let leader = self.leader().await;
-            match self.node(leader).propose(data.clone()).await {
-                Ok(r) => return Ok(r),
+            match self
+                .node(leader)
+                .propose_in_session(session, data.clone())
+                .await
+            {
+                Ok(r) => return Ok((r.index, r.data)),
                 Err(
                     e @ (NodeError::NotLeader { .. }
                     | NodeError::Unknown(_)
@@ -316,6 +359,42 @@ impl Cluster {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// [`Cluster::propose`], recorded in `history`: the invocation before
+    /// it is sent, `ok` with its index, `fail` for a refusal that proposed
+    /// nothing, `info` when the outcome is unknown.
+    pub async fn propose_recorded(
+        &self,
+        history: &History,
+        data: &str,
+        timeout: Duration,
+    ) -> Result<(u64, Vec<u8>), NodeError> {
+        let op = history.invoke_append(history.fresh_process(), data);
+        let r = self.propose(data.as_bytes().to_vec(), timeout).await;
+        match &r {
+            Ok((index, _)) => history.ok(op, *index),
+            Err(e @ (NodeError::NotLeader { .. } | NodeError::Busy(_) | NodeError::Config(_))) => {
+                history.fail(op, e.to_string())
+            }
+            Err(e) => history.info(op, e.to_string()),
+        }
+        r
+    }
+
+    /// What each running node applied, as the checker's final logs.
+    pub fn final_logs(&self) -> FinalLogs {
+        self.running()
+            .into_iter()
+            .map(|id| (id, self.applied(id).final_records()))
+            .collect()
+    }
+
+    /// Checks `history` against what the running nodes applied: nothing
+    /// acknowledged lost, nothing applied twice, one order on every node
+    /// (the checker's rules, [`ringraft_checker`]).
+    pub fn check(&self, history: &History) -> Verdict {
+        history.check(&self.final_logs())
     }
 
     /// What node `id`'s state machine applied.
