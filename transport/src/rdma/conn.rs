@@ -69,8 +69,8 @@ use super::qp::{QueuePair, QueuePairCaps, ReadyToReceive, ReadyToSend, SendOp, r
 use super::staging::{Piece, StagingRing};
 use crate::error::{Result, TransportError, WcError};
 use crate::handshake::PeerInfo;
-use crate::soft::nic::{Done, Request};
 use crate::types::{Access, ConnConfig, Received};
+use crate::work::{Done, Request};
 
 /// Receive buffers a connection has room for, at least.
 pub(crate) const MIN_RECV_SLOTS: u32 = 16;
@@ -605,6 +605,12 @@ impl Shared {
 
     fn post(&self, request: Request) -> Result<oneshot::Receiver<Result<Done, WcError>>> {
         self.check_ready()?;
+        // The port may allow less than the configuration asked for.
+        crate::limits::check_request(
+            &request,
+            self.sizing.max_transfer_bytes,
+            self.sizing.max_message_bytes,
+        )?;
         let (kind, op, data, local_len) = match request {
             Request::Write {
                 addr,
@@ -669,23 +675,6 @@ impl Shared {
                 (OpKind::Send, SendOp::Send, data, len)
             }
         };
-        let (what, limit) = match kind {
-            OpKind::Send => ("message bytes", self.sizing.max_message_bytes),
-            _ => ("transfer bytes", self.sizing.max_transfer_bytes),
-        };
-        if local_len > limit as usize {
-            return Err(TransportError::Limit {
-                what,
-                limit: u64::from(limit),
-            });
-        }
-        if matches!(op, SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. } if !remote_addr.is_multiple_of(8))
-        {
-            return Err(TransportError::Invalid(format!(
-                "{} on a remote address that is not 8-aligned",
-                kind.name()
-            )));
-        }
         let mut send = lock(&self.send);
         // Under the send lock: `fail` flushes what it finds under this lock,
         // after setting `failed`.
