@@ -20,7 +20,7 @@ OUT_MD=${1:-}
 N=${BENCH_ITERATIONS:-2000}
 
 cd "$REPO" || exit 1
-cargo build --release --locked -p ringraft-transport --features rdma --bins || exit 1
+cargo build --release --locked -p ringraft-transport --features rdma,tools --bins || exit 1
 BIN=$REPO/target/release/ringraft-fabric-bench
 
 RESULTS=$(mktemp -d /tmp/fabric-bench.XXXXXX)

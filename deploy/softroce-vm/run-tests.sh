@@ -28,9 +28,9 @@ RR_TARGET=${RR_TARGET:-$REPO/target}
 RR_BIN=$RR_TARGET/release
 _build_rdma_bins() {
     [ -n "${_RDMA_BUILT:-}" ] && return 0
-    echo "building the rdma binaries (cargo build --release --features rdma)"
+    echo "building the rdma binaries (cargo build --release --features rdma,tools)"
     (cd "$REPO" && CARGO_TARGET_DIR="$RR_TARGET" cargo build --release --locked \
-        -p ringraft-transport --features rdma --bins) || return 1
+        -p ringraft-transport --features rdma,tools --bins) || return 1
     _RDMA_BUILT=1
 }
 # The lab node and driver of the cluster tests (package ringraft-tests).

@@ -14,11 +14,11 @@ use tokio::sync::oneshot;
 
 use crate::error::{Result, TransportError, WcError};
 use crate::handshake::{PeerInfo, Secret};
-use crate::soft::nic::{Done, Request};
 use crate::soft::{SoftConnection, SoftDevice, SoftListener};
 use crate::types::{
     Access, AtomicCapability, Backend, ConnConfig, DeviceLimits, Received, RemoteAddr, RemoteRegion,
 };
+use crate::work::{Done, Request};
 
 /// What every device needs to know about its node.
 #[derive(Clone, Debug)]
@@ -471,33 +471,11 @@ impl Connection {
 
     fn post(&self, request: Request) -> Result<oneshot::Receiver<Result<Done, WcError>>> {
         let config = dispatch!(self, c => c.config());
-        let len = match &request {
-            Request::Write { data, .. } => data.len(),
-            Request::Read { len, .. } => *len as usize,
-            Request::Send { data } => {
-                if data.len() > config.max_message_bytes as usize {
-                    return Err(TransportError::Limit {
-                        what: "message bytes",
-                        limit: config.max_message_bytes as u64,
-                    });
-                }
-                0
-            }
-            _ => 0,
-        };
-        if let Request::CompareSwap { addr, .. } | Request::FetchAdd { addr, .. } = &request
-            && !addr.is_multiple_of(8)
-        {
-            return Err(TransportError::Invalid(format!(
-                "atomic on {addr:#x}: remote atomics need an 8-byte aligned address"
-            )));
-        }
-        if len > config.max_transfer_bytes as usize {
-            return Err(TransportError::Limit {
-                what: "transfer bytes",
-                limit: config.max_transfer_bytes as u64,
-            });
-        }
+        crate::limits::check_request(
+            &request,
+            config.max_transfer_bytes,
+            config.max_message_bytes,
+        )?;
         dispatch!(self, c => c.post(request))
     }
 

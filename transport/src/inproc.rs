@@ -27,9 +27,9 @@ use tokio::time::Instant;
 use crate::api::{AcceptPolicy, Device, DeviceConfig, DeviceKind};
 use crate::error::{Result, TransportError};
 use crate::soft::conn::{Frame, WireOut, wire};
-use crate::soft::nic::Done;
 use crate::soft::{Flavor, SoftConnection, SoftDevice, SoftListener};
 use crate::types::{AtomicCapability, ConnConfig};
+use crate::work::Done;
 
 struct ListenerEntry {
     device: Weak<SoftDevice>,

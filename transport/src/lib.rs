@@ -28,12 +28,15 @@
 #![warn(missing_docs)]
 
 mod api;
+mod bootstrap;
 pub mod error;
 pub mod handshake;
 pub mod inproc;
+mod limits;
 mod soft;
 pub mod tcp;
 pub mod types;
+mod work;
 
 pub mod conformance;
 #[cfg(feature = "rdma")]

@@ -8,22 +8,17 @@
 //! error state; it never takes the process down.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
 
 use crate::api::AcceptPolicy;
-use crate::error::{Result, TransportError};
+use crate::bootstrap::{self, ACCEPT_QUEUE};
+use crate::error::Result;
 use crate::soft::conn::{Frame, MAX_FRAME_BYTES, WireOut, wire};
 use crate::soft::{ConnSlot, SoftConnection, SoftDevice, SoftListener};
 use crate::types::ConnConfig;
-
-/// Handshakes running at once on one listener; more wait.
-const MAX_CONCURRENT_HANDSHAKES: usize = 64;
-/// Authenticated connections waiting for `accept`.
-const ACCEPT_QUEUE: usize = 64;
 
 fn codec() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<MAX_FRAME_BYTES>()
@@ -35,61 +30,25 @@ pub(crate) async fn listen(
     config: ConnConfig,
     policy: AcceptPolicy,
 ) -> Result<SoftListener> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(TransportError::io(format!("listen on {addr}")))?;
-    let local_addr = listener
-        .local_addr()
-        .map_err(TransportError::io("local address"))?
-        .to_string();
+    let (listener, local_addr) = bootstrap::bind(addr).await?;
     let (tx, incoming) = mpsc::channel(ACCEPT_QUEUE);
     let rejected = device.rejected.clone();
-    let task = tokio::spawn(accept_loop(listener, device, config, policy, tx));
+    let task = tokio::spawn(bootstrap::accept_loop(
+        listener,
+        tx,
+        rejected.clone(),
+        "connection attempt rejected",
+        move |stream, peer| {
+            let (device, config, policy) = (device.clone(), config.clone(), policy.clone());
+            async move { accept_one(stream, &device, &peer, &config, &policy).await }
+        },
+    ));
     Ok(SoftListener {
         incoming,
         local_addr,
         rejected,
         task,
     })
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    device: Arc<SoftDevice>,
-    config: ConnConfig,
-    policy: AcceptPolicy,
-    tx: mpsc::Sender<SoftConnection>,
-) {
-    let handshakes = Arc::new(Semaphore::new(MAX_CONCURRENT_HANDSHAKES));
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(x) => x,
-            Err(error) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(%error, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let Ok(permit) = handshakes.clone().acquire_owned().await else {
-            return;
-        };
-        let (device, config, policy, tx) =
-            (device.clone(), config.clone(), policy.clone(), tx.clone());
-        tokio::spawn(async move {
-            let _permit = permit;
-            let peer = peer.to_string();
-            match accept_one(stream, &device, &peer, &config, &policy).await {
-                Ok(conn) => {
-                    let _ = tx.send(conn).await;
-                }
-                Err(error) => {
-                    device.rejected.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(%peer, %error, "connection attempt rejected");
-                }
-            }
-        });
-    }
 }
 
 async fn accept_one(
@@ -99,9 +58,7 @@ async fn accept_one(
     config: &ConnConfig,
     policy: &AcceptPolicy,
 ) -> Result<SoftConnection> {
-    stream
-        .set_nodelay(true)
-        .map_err(TransportError::io("TCP_NODELAY"))?;
+    bootstrap::no_delay(&stream)?;
     let (info, endpoint, slot) = device
         .server_handshake(&mut stream, peer, config, policy)
         .await?;
@@ -123,16 +80,7 @@ pub(crate) async fn connect(
     app_data: Vec<u8>,
 ) -> Result<SoftConnection> {
     let slot = device.reserve_connection()?;
-    let mut stream = tokio::time::timeout(config.handshake_timeout, TcpStream::connect(addr))
-        .await
-        .map_err(|_| TransportError::Timeout {
-            what: format!("TCP connect to {addr}"),
-            after_ms: config.handshake_timeout.as_millis() as u64,
-        })?
-        .map_err(TransportError::io(format!("connect to {addr}")))?;
-    stream
-        .set_nodelay(true)
-        .map_err(TransportError::io("TCP_NODELAY"))?;
+    let mut stream = bootstrap::dial(addr, config.handshake_timeout).await?;
     let (info, endpoint) = device
         .client_handshake(&mut stream, addr, &config, app_data)
         .await?;

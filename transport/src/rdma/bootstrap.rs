@@ -22,27 +22,26 @@
 //! once. The stream then stays open as the connection's close channel (see
 //! [`super::conn`]). Failed or unauthenticated attempts count in
 //! `rejected` and never end the listener; handshakes run at most
-//! [`MAX_CONCURRENT_HANDSHAKES`] at once.
+//! [`crate::bootstrap::MAX_CONCURRENT_HANDSHAKES`] at once (the accept
+//! loop, listening and dialling are [`crate::bootstrap`]'s, shared with
+//! the `tcp` backend).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
 
 use super::conn::{QpResources, RdmaConnection};
 use super::device::RdmaDevice;
 use super::endpoint::QpEndpoint;
 use crate::api::AcceptPolicy;
+use crate::bootstrap::{self, ACCEPT_QUEUE};
 use crate::error::{Result, TransportError};
 use crate::handshake::{self, Reveal};
 use crate::types::{Backend, ConnConfig};
 
-/// Handshakes running at once on one listener; more wait.
-pub(crate) const MAX_CONCURRENT_HANDSHAKES: usize = 64;
-/// Authenticated connections waiting for `accept`.
-const ACCEPT_QUEUE: usize = 64;
 /// The byte a client sends once its queue pair is in RTS.
 const READY: u8 = 0x52;
 
@@ -94,22 +93,18 @@ pub(crate) async fn listen(
     config: ConnConfig,
     policy: AcceptPolicy,
 ) -> Result<RdmaListener> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(TransportError::io(format!("listen on {addr}")))?;
-    let local_addr = listener
-        .local_addr()
-        .map_err(TransportError::io("local address"))?
-        .to_string();
+    let (listener, local_addr) = bootstrap::bind(addr).await?;
     let (tx, incoming) = mpsc::channel(ACCEPT_QUEUE);
     let rejected = device.rejected.clone();
-    let task = tokio::spawn(accept_loop(
+    let task = tokio::spawn(bootstrap::accept_loop(
         listener,
-        device,
-        config,
-        policy,
         tx,
         rejected.clone(),
+        "rdma connection attempt rejected",
+        move |stream, peer| {
+            let (device, config, policy) = (device.clone(), config.clone(), policy.clone());
+            async move { accept_one(stream, &device, &peer, &config, &policy).await }
+        },
     ));
     Ok(RdmaListener {
         incoming,
@@ -119,51 +114,6 @@ pub(crate) async fn listen(
     })
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    device: Arc<RdmaDevice>,
-    config: ConnConfig,
-    policy: AcceptPolicy,
-    tx: mpsc::Sender<RdmaConnection>,
-    rejected: Arc<AtomicU64>,
-) {
-    let handshakes = Arc::new(Semaphore::new(MAX_CONCURRENT_HANDSHAKES));
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(x) => x,
-            Err(error) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(%error, "accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let Ok(permit) = handshakes.clone().acquire_owned().await else {
-            return;
-        };
-        let (device, config, policy, tx, rejected) = (
-            device.clone(),
-            config.clone(),
-            policy.clone(),
-            tx.clone(),
-            rejected.clone(),
-        );
-        tokio::spawn(async move {
-            let _permit = permit;
-            let peer = peer.to_string();
-            match accept_one(stream, &device, &peer, &config, &policy).await {
-                Ok(conn) => {
-                    let _ = tx.send(conn).await;
-                }
-                Err(error) => {
-                    rejected.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(%peer, %error, "rdma connection attempt rejected");
-                }
-            }
-        });
-    }
-}
-
 async fn accept_one(
     mut stream: TcpStream,
     device: &RdmaDevice,
@@ -171,9 +121,7 @@ async fn accept_one(
     config: &ConnConfig,
     policy: &AcceptPolicy,
 ) -> Result<RdmaConnection> {
-    stream
-        .set_nodelay(true)
-        .map_err(TransportError::io("TCP_NODELAY"))?;
+    bootstrap::no_delay(&stream)?;
     let local_ip = stream.local_addr().ok().map(|a| a.ip());
     let accepted = handshake::server(
         &mut stream,
@@ -253,16 +201,7 @@ pub(crate) async fn connect(
     app_data: Vec<u8>,
 ) -> Result<RdmaConnection> {
     let slot = device.reserve_connection()?;
-    let mut stream = tokio::time::timeout(config.handshake_timeout, TcpStream::connect(addr))
-        .await
-        .map_err(|_| TransportError::Timeout {
-            what: format!("TCP connect to {addr}"),
-            after_ms: config.handshake_timeout.as_millis() as u64,
-        })?
-        .map_err(TransportError::io(format!("connect to {addr}")))?;
-    stream
-        .set_nodelay(true)
-        .map_err(TransportError::io("TCP_NODELAY"))?;
+    let mut stream = bootstrap::dial(addr, config.handshake_timeout).await?;
     let local_ip = stream.local_addr().ok().map(|a| a.ip());
     let resources = QpResources::create(&device, &config, local_ip, slot)?;
     let ours = resources.endpoint();

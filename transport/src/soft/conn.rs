@@ -24,9 +24,11 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::nic::{Done, Request, SoftNic};
+use super::nic::SoftNic;
 use crate::error::{Result, TransportError, WcError};
+use crate::limits;
 use crate::types::{Access, ConnConfig, Received};
+use crate::work::{Done, Request};
 
 /// What crosses the wire after the handshake.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -469,7 +471,7 @@ async fn respond(
         // it (by closing, say) cannot overtake the acknowledgement.
         let (result, deliver) = match &req {
             Request::Send { data } => {
-                if data.len() > shared.config.max_message_bytes as usize {
+                if !limits::message_fits(data.len(), shared.config.max_message_bytes) {
                     (Err(WcError::RemoteInvalidRequest), None)
                 } else if shared.take_receive().await {
                     (Ok(Done::Ok), Some(Received::Message(data.clone())))

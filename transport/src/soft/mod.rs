@@ -16,8 +16,9 @@ use crate::api::{AcceptPolicy, DeviceConfig};
 use crate::error::{Result, TransportError, WcError};
 use crate::handshake::{self, PeerInfo, Reveal};
 use crate::types::{Access, AtomicCapability, Backend, ConnConfig, Received};
+use crate::work::{Done, Request};
 use conn::{SoftConn, SoftEndpoint, Wire};
-use nic::{Done, Request, SoftNic};
+use nic::SoftNic;
 
 /// How a software device moves frames.
 #[derive(Clone)]

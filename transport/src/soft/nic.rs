@@ -12,50 +12,10 @@ use std::collections::HashMap;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::{Result, TransportError, WcError};
+use crate::limits;
 use crate::types::{Access, DeviceLimits};
-
-/// A one-sided or two-sided request as it crosses the wire.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum Request {
-    Write {
-        addr: u64,
-        rkey: u32,
-        #[serde(with = "serde_bytes")]
-        data: Vec<u8>,
-        imm: Option<u32>,
-    },
-    Read {
-        addr: u64,
-        rkey: u32,
-        len: u32,
-    },
-    CompareSwap {
-        addr: u64,
-        rkey: u32,
-        expected: u64,
-        new: u64,
-    },
-    FetchAdd {
-        addr: u64,
-        rkey: u32,
-        add: u64,
-    },
-    Send {
-        #[serde(with = "serde_bytes")]
-        data: Vec<u8>,
-    },
-}
-
-/// What a completed request returns.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum Done {
-    Ok,
-    Data(#[serde(with = "serde_bytes")] Vec<u8>),
-    Word(u64),
-}
+use crate::work::{Done, Request};
 
 #[derive(Clone, Copy, Debug)]
 struct Registration {
@@ -169,7 +129,7 @@ impl SoftNic {
         if !qp_access.contains(need) {
             return Err(WcError::RemoteInvalidRequest);
         }
-        if need == Access::REMOTE_ATOMIC && !addr.is_multiple_of(8) {
+        if need == Access::REMOTE_ATOMIC && !limits::atomic_aligned(addr) {
             return Err(WcError::RemoteInvalidRequest);
         }
         let table = self.table.read().expect("registration table lock");

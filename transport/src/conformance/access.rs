@@ -1,0 +1,167 @@
+//! Checks of access and fencing: out-of-bounds and wrong-rkey requests fail
+//! and change nothing, missing permissions fail, a rotated rkey revokes the
+//! old one, and dropping REMOTE_WRITE from a queue pair refuses WRITEs.
+//!
+//! Owns these checks' bodies only. Never: keep state between checks or
+//! depend on the order they run in (each connects afresh).
+
+use super::*;
+
+pub(super) async fn out_of_bounds<P: Peer>(c: &mut Ctx<'_, P>) -> CheckResult {
+    let r = c.peer.setup(&[spec("mem", 4096, RW)]).await?[0];
+    let conn = c.connect(suite_config()).await?;
+    let beyond = crate::types::RemoteAddr {
+        addr: r.addr + 4096 - 4,
+        rkey: r.rkey,
+    };
+    let result = conn.write(beyond, &[0xEE; 8]).await;
+    expect_wc("WRITE across the end", result, |e| {
+        e == WcError::RemoteAccess
+    })?;
+    ensure(
+        c.peer
+            .read_local("mem", 0, 4096)
+            .await?
+            .iter()
+            .all(|b| *b == 0),
+        "a refused WRITE changed memory",
+    )?;
+    let conn = c.connect(suite_config()).await?;
+    let before = crate::types::RemoteAddr {
+        addr: r.addr - 8,
+        rkey: r.rkey,
+    };
+    expect_wc("READ before the start", conn.read(before, 16).await, |e| {
+        e == WcError::RemoteAccess
+    })?;
+    let conn = c.connect(suite_config()).await?;
+    let cas = crate::types::RemoteAddr {
+        addr: r.addr + 4096,
+        rkey: r.rkey,
+    };
+    expect_wc(
+        "CAS past the end",
+        conn.compare_swap(cas, 0, 1).await,
+        |e| e == WcError::RemoteAccess,
+    )
+}
+
+pub(super) async fn wrong_rkey<P: Peer>(c: &mut Ctx<'_, P>) -> CheckResult {
+    let r = c.peer.setup(&[spec("mem", 4096, RW)]).await?[0];
+    let conn = c.connect(suite_config()).await?;
+    let bad = crate::types::RemoteAddr {
+        addr: r.addr,
+        rkey: r.rkey ^ 0x5a5a_0000,
+    };
+    expect_wc(
+        "WRITE with a wrong rkey",
+        conn.write(bad, &[0xEE; 64]).await,
+        |e| e == WcError::RemoteAccess,
+    )?;
+    ensure(
+        c.peer
+            .read_local("mem", 0, 64)
+            .await?
+            .iter()
+            .all(|b| *b == 0),
+        "a refused WRITE changed memory",
+    )?;
+    ensure(
+        conn.error().is_some() || conn.post_send(b"x").is_err(),
+        "connection not in error after a remote access error",
+    )
+}
+
+pub(super) async fn missing_permission<P: Peer>(c: &mut Ctx<'_, P>) -> CheckResult {
+    let rs = c
+        .peer
+        .setup(&[
+            spec("ro", 64, Access::LOCAL_WRITE | Access::REMOTE_READ),
+            spec("wo", 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+        ])
+        .await?;
+    let (ro, wo) = (rs[0], rs[1]);
+    let conn = c.connect(suite_config()).await?;
+    expect_wc(
+        "WRITE to a read-only region",
+        conn.write(ro.start(), &[1; 8]).await,
+        |e| e == WcError::RemoteAccess,
+    )?;
+    let conn = c.connect(suite_config()).await?;
+    expect_wc(
+        "READ of a write-only region",
+        conn.read(wo.start(), 8).await,
+        |e| e == WcError::RemoteAccess,
+    )?;
+    let conn = c.connect(suite_config()).await?;
+    expect_wc(
+        "CAS on a region without REMOTE_ATOMIC",
+        conn.compare_swap(wo.start(), 0, 1).await,
+        |e| e == WcError::RemoteAccess,
+    )?;
+    ensure(
+        c.peer
+            .read_local("ro", 0, 64)
+            .await?
+            .iter()
+            .all(|b| *b == 0),
+        "refused access changed memory",
+    )
+}
+
+pub(super) async fn rotation<P: Peer>(c: &mut Ctx<'_, P>) -> CheckResult {
+    let old = c.peer.setup(&[spec("mem", 4096, RW)]).await?[0];
+    let conn = c.connect(suite_config()).await?;
+    conn.write(old.start(), b"before")
+        .await
+        .map_err(|e| e.to_string())?;
+    let new = c.peer.rotate("mem").await?;
+    ensure(new.rkey != old.rkey, "rotation kept the rkey")?;
+    ensure(
+        new.addr == old.addr && new.len == old.len,
+        "rotation moved the region",
+    )?;
+    expect_wc(
+        "WRITE with the revoked rkey",
+        conn.write(old.at(64, 5).ok_or("address")?, b"stale").await,
+        |e| e == WcError::RemoteAccess,
+    )?;
+    ensure(
+        c.peer.read_local("mem", 64, 5).await? == [0; 5],
+        "a revoked rkey wrote",
+    )?;
+    let conn = c.connect(suite_config()).await?;
+    conn.write(new.at(64, 5).ok_or("address")?, b"fresh")
+        .await
+        .map_err(|e| e.to_string())?;
+    ensure(
+        c.peer.read_local("mem", 0, 69).await?[..6] == *b"before",
+        "rotation lost the data",
+    )?;
+    ensure(
+        c.peer.read_local("mem", 64, 5).await? == *b"fresh",
+        "the new rkey did not write",
+    )
+}
+
+pub(super) async fn dropped_write<P: Peer>(c: &mut Ctx<'_, P>) -> CheckResult {
+    let r = c.peer.setup(&[spec("mem", 4096, RW)]).await?[0];
+    let conn = c.connect(suite_config()).await?;
+    conn.write(r.start(), b"allowed")
+        .await
+        .map_err(|e| e.to_string())?;
+    c.peer
+        .set_remote_access(Access::REMOTE_READ | Access::REMOTE_ATOMIC)
+        .await?;
+    // READ still allowed on the same queue pair.
+    let back = conn.read(r.start(), 7).await.map_err(|e| e.to_string())?;
+    ensure(back == b"allowed", "READ after dropping REMOTE_WRITE")?;
+    let result = conn.write(r.at(100, 6).ok_or("address")?, b"denied").await;
+    expect_wc("WRITE after REMOTE_WRITE was dropped", result, |e| {
+        e.is_access_denied()
+    })?;
+    ensure(
+        c.peer.read_local("mem", 100, 6).await? == [0; 6],
+        "a refused WRITE landed",
+    )
+}
