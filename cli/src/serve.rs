@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use crate::proto::log_server::LogServer;
 use ringraft::{Fabric, NodeBuilder, NodeConfig};
-use ringraft_client::proto::log_server::LogServer;
 use tonic::transport::server::TcpIncoming;
 
 use crate::config::{Config, FabricChoice};
