@@ -301,15 +301,7 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
         let mine = reveal()?;
         let proof = secret.proof(CLIENT_LABEL, &hello, server_id, &nonce);
         write_frame(stream, &encode(&Message::Proof { proof }), peer).await?;
-        write_frame(
-            stream,
-            &encode(&Message::Endpoint {
-                endpoint: mine.endpoint,
-                app_data: mine.app_data,
-            }),
-            peer,
-        )
-        .await?;
+        send_reveal(stream, peer, mine).await?;
         let (answer, _) = read_message(stream, peer).await?;
         let Message::Endpoint { endpoint, app_data } = answer else {
             return Err(unexpected(peer, &answer));
@@ -421,6 +413,20 @@ async fn reject<S: AsyncWrite + Unpin>(
     }
 }
 
+/// Sends what one side reveals after authentication: its endpoint and
+/// application data (the client after its proof, the server in its answer).
+async fn send_reveal<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    peer: &str,
+    mine: Reveal,
+) -> Result<()> {
+    let reveal = Message::Endpoint {
+        endpoint: mine.endpoint,
+        app_data: mine.app_data,
+    };
+    write_frame(stream, &encode(&reveal), peer).await
+}
+
 /// An authenticated client whose endpoint is known.
 #[derive(Debug)]
 pub struct Accepted {
@@ -436,15 +442,7 @@ impl Accepted {
         peer: &str,
         mine: Reveal,
     ) -> Result<()> {
-        write_frame(
-            stream,
-            &encode(&Message::Endpoint {
-                endpoint: mine.endpoint,
-                app_data: mine.app_data,
-            }),
-            peer,
-        )
-        .await
+        send_reveal(stream, peer, mine).await
     }
 
     /// Refuses the authenticated client (a limit, say), telling it why.

@@ -51,3 +51,15 @@ pub use handshake::{PeerInfo, Secret};
 pub use types::{
     Access, AtomicCapability, Backend, ConnConfig, DeviceLimits, Received, RemoteAddr, RemoteRegion,
 };
+
+/// Logging for the crate's tools (its binaries, feature `tools`): the
+/// `RUST_LOG` filter, else `warn`, to stderr (stdout carries their results).
+#[cfg(feature = "tools")]
+pub fn init_tool_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}

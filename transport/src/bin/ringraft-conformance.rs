@@ -106,12 +106,7 @@ fn report(results: &[(&'static str, conformance::CheckResult)], backend: Backend
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    ringraft_transport::init_tool_logging();
     let args = Args::parse();
     let code = match &args.mode {
         Mode::Local { listen } => {

@@ -200,12 +200,7 @@ async fn run(args: Args) -> Result<(), String> {
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    ringraft_transport::init_tool_logging();
     if let Err(e) = run(Args::parse()).await {
         eprintln!("fabric bench: {e}");
         std::process::exit(1);
