@@ -71,6 +71,8 @@ pub mod segment;
 pub mod segment_log;
 pub mod shm;
 pub mod store;
+#[cfg(test)]
+mod test_area;
 pub mod validate;
 
 pub use check::{CheckReport, check};

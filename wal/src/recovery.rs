@@ -358,26 +358,13 @@ fn well_formed_beyond(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{EntryRef, RecordEncoder, RecordHeader, RecordSink};
+    use crate::record::{EntryRef, RecordEncoder, RecordHeader};
+    use crate::test_area::{Area, CAP, epoch};
 
-    const CAP: u64 = 1 << 20;
     const GEO: Geometry = Geometry {
         capacity: CAP,
         max_payload_bytes: 1 << 16,
     };
-
-    struct Area(Vec<u8>);
-    impl RecordSink for Area {
-        fn put_record(&mut self, lsn: u64, header: &[u8; 64], payload: &[u8]) {
-            let p = (lsn % CAP) as usize;
-            self.0[p..p + 64].copy_from_slice(header);
-            self.0[p + 64..p + 64 + payload.len()].copy_from_slice(payload);
-        }
-    }
-
-    fn epoch(term: u64, leader: u64) -> Epoch {
-        Epoch::new(term, leader).unwrap()
-    }
 
     fn input(
         start_lsn: u64,

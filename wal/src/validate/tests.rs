@@ -3,25 +3,12 @@
 
 use super::*;
 use crate::record::{EntryRef, RecordEncoder, RecordSink};
+use crate::test_area::{Area, CAP, epoch};
 
-const CAP: u64 = 1 << 20;
 const GEO: Geometry = Geometry {
     capacity: CAP,
     max_payload_bytes: 4096,
 };
-
-struct Area(Vec<u8>);
-impl RecordSink for Area {
-    fn put_record(&mut self, lsn: u64, header: &[u8; 64], payload: &[u8]) {
-        let p = (lsn % CAP) as usize;
-        self.0[p..p + 64].copy_from_slice(header);
-        self.0[p + 64..p + 64 + payload.len()].copy_from_slice(payload);
-    }
-}
-
-fn epoch(term: u64, leader: u64) -> Epoch {
-    Epoch::new(term, leader).unwrap()
-}
 
 /// An area holding entries 0..n of term 1 written under `e`, from lsn 0.
 fn area_with(n: u64, e: Epoch) -> (Area, Vec<u64>) {
