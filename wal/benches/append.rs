@@ -324,43 +324,54 @@ fn benches(c: &mut Criterion) {
             .map_mut(&copy_file)
     }
     .expect("mmap baseline");
-    let mut group = c.benchmark_group("memcpy_baseline");
-    let mut pos;
-    for (size, label) in PAYLOADS {
-        for batch in BATCHES {
-            let source = payload_source(size, batch);
-            pos = START;
-            group.throughput(throughput(size, batch));
-            group.bench_function(BenchmarkId::new(label, format!("batch{batch}")), |b| {
-                b.iter(|| {
-                    for payload in source.chunks_exact(size) {
-                        let at = advance(&mut pos, size) as usize;
-                        map[at..at + size].copy_from_slice(payload);
-                    }
-                    black_box(map.as_ptr());
-                })
-            });
-        }
-    }
-    group.finish();
+    baseline(
+        c,
+        "memcpy_baseline",
+        |map: &mut MmapMut, at, payload| {
+            let at = at as usize;
+            map[at..at + payload.len()].copy_from_slice(payload);
+        },
+        |map| {
+            black_box(map.as_ptr());
+        },
+        &mut map,
+    );
     drop(map);
     drop(copy_file);
 
-    let file = baseline_file(&tmp.path().join("pwrite.dat"));
-    let mut group = c.benchmark_group("pwrite_fdatasync_baseline");
-    let mut pos;
+    let mut file = baseline_file(&tmp.path().join("pwrite.dat"));
+    baseline(
+        c,
+        "pwrite_fdatasync_baseline",
+        |file: &mut File, at, payload| file.write_all_at(payload, at).expect("pwrite"),
+        |file| file.sync_data().expect("fdatasync"),
+        &mut file,
+    );
+}
+
+/// One baseline group: every payload size and batch, each batch's payloads
+/// written one after another at advancing positions by `write`, then
+/// `finish` (a flush, or nothing) on `target`.
+fn baseline<T>(
+    c: &mut Criterion,
+    name: &str,
+    mut write: impl FnMut(&mut T, u64, &[u8]),
+    mut finish: impl FnMut(&mut T),
+    target: &mut T,
+) {
+    let mut group = c.benchmark_group(name);
     for (size, label) in PAYLOADS {
         for batch in BATCHES {
             let source = payload_source(size, batch);
-            pos = START;
+            let mut pos = START;
             group.throughput(throughput(size, batch));
             group.bench_function(BenchmarkId::new(label, format!("batch{batch}")), |b| {
                 b.iter(|| {
                     for payload in source.chunks_exact(size) {
                         let at = advance(&mut pos, size);
-                        file.write_all_at(payload, at).expect("pwrite");
+                        write(target, at, payload);
                     }
-                    file.sync_data().expect("fdatasync");
+                    finish(target);
                 })
             });
         }
