@@ -421,7 +421,7 @@ async fn append_in_session(
     acked: std::sync::Arc<Vec<tokio::sync::watch::Sender<bool>>>,
 ) -> (Vec<ringraft::Response>, &'static str) {
     use ringraft::{NodeError, Session};
-    if a % 2 == 0 && a + 1 < APPENDS {
+    if a.is_multiple_of(2) && a + 1 < APPENDS {
         let mut later = tried[a + 1].subscribe();
         later.wait_for(|t| *t).await.unwrap();
     }
