@@ -79,21 +79,23 @@ async fn with_hca_atomics_a_leader_fences_itself_through_loopback() {
     assert_eq!(fence.leader_id(), leader);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reads_by_consistency() {
-    use ringraft::{NodeError, ReadConsistency};
-    let cluster = Cluster::start(Kind::Inproc, 3, Durability::Memory, 12).await;
-    let leader = cluster.leader().await;
-    let follower = (1..=3).find(|id| *id != leader).unwrap();
-    let (index, _) = cluster.propose(b"visible".to_vec(), T).await.unwrap();
-    // The recorder's snapshot is its applied log: decode and look.
-    let has = |bytes: Vec<u8>| {
-        let (log, _): (ringraft_testkit::inproc::AppliedLog, _) =
-            bincode::serde::decode_from_slice(&bytes, bincode::config::standard()).unwrap();
-        log.entries
-            .iter()
-            .any(|(i, d)| *i == index && d == b"visible")
-    };
+/// Whether a recorder snapshot (its applied log) holds `visible` at `index`.
+fn snapshot_has_visible(bytes: Vec<u8>, index: u64) -> bool {
+    let (log, _): (ringraft_testkit::inproc::AppliedLog, _) =
+        bincode::serde::decode_from_slice(&bytes, bincode::config::standard()).unwrap();
+    log.entries
+        .iter()
+        .any(|(i, d)| *i == index && d == b"visible")
+}
+
+/// Leader, then follower: both consistencies see the committed write.
+async fn reads_see_the_committed_write(
+    cluster: &Cluster,
+    leader: u64,
+    follower: u64,
+    has: &impl Fn(Vec<u8>) -> bool,
+) {
+    use ringraft::ReadConsistency;
     for consistency in [ReadConsistency::Linearizable, ReadConsistency::Lease] {
         let snapshot = cluster
             .node(leader)
@@ -118,13 +120,12 @@ async fn reads_by_consistency() {
             "{consistency:?} read on a follower sees the committed write"
         );
     }
-    // A proposal made on a follower is forwarded to the leader.
-    let (forwarded, _) = cluster
-        .node(follower)
-        .propose(b"via follower".to_vec())
-        .await
-        .unwrap();
-    assert!(forwarded > index);
+}
+
+/// The follower cut from both others; its linearizable read must not
+/// succeed. Heals the fabric, then checks the kind of error.
+async fn a_partitioned_follower_refuses_a_linearizable_read(cluster: &Cluster, follower: u64) {
+    use ringraft::{NodeError, ReadConsistency};
     // With no leader reachable, a linearizable read fails rather than lie.
     for id in [1, 2, 3] {
         if id != follower {
@@ -154,6 +155,26 @@ async fn reads_by_consistency() {
             "{e}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_by_consistency() {
+    use ringraft::ReadConsistency;
+    let cluster = Cluster::start(Kind::Inproc, 3, Durability::Memory, 12).await;
+    let leader = cluster.leader().await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let (index, _) = cluster.propose(b"visible".to_vec(), T).await.unwrap();
+    // The recorder's snapshot is its applied log: decode and look.
+    let has = |bytes: Vec<u8>| snapshot_has_visible(bytes, index);
+    reads_see_the_committed_write(&cluster, leader, follower, &has).await;
+    // A proposal made on a follower is forwarded to the leader.
+    let (forwarded, _) = cluster
+        .node(follower)
+        .propose(b"via follower".to_vec())
+        .await
+        .unwrap();
+    assert!(forwarded > index);
+    a_partitioned_follower_refuses_a_linearizable_read(&cluster, follower).await;
     cluster.node(follower).wait_applied(index, T).await.unwrap();
     let snapshot = cluster
         .node(follower)
@@ -384,84 +405,62 @@ async fn wait_until_applied_by(cluster: &Cluster, id: u64, data: &[u8]) {
     }
 }
 
-/// Issue 10, item 3: a client's records keep their order. One session
-/// pipelines appends of several records each, alternately through a
-/// follower (forwarded) and the leader, many in flight at once; and every
-/// even append is sent only once its successor's first attempt has an
-/// outcome, so that a later seq reaches the log before an earlier one on
-/// purpose (as through two leaders, or a retry). The records of an append
-/// used to be proposed one by one (indexes out of request order), and one
-/// session's appends were applied in whatever order they reached the log.
-/// Now: the indexes increase in send order (consecutive within an append
-/// proposed once), and every node applied the records in send order; an
-/// append that came early was refused as out of order and retried once its
-/// predecessor was acknowledged.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pipelining_clients_records_keep_their_send_order() {
-    use std::sync::Arc;
+// Of a_pipelining_clients_records_keep_their_send_order: appends, records
+// per append, and the one client session they share.
+const APPENDS: usize = 24;
+const RECORDS: usize = 40;
+const CLIENT: u64 = 0xC0FFEE;
 
+/// One append `a` of the pipelining client, retried until acknowledged: its
+/// answers and the outcome of its first attempt.
+async fn append_in_session(
+    node: ringraft::Node,
+    a: usize,
+    records: Vec<Vec<u8>>,
+    tried: std::sync::Arc<Vec<tokio::sync::watch::Sender<bool>>>,
+    acked: std::sync::Arc<Vec<tokio::sync::watch::Sender<bool>>>,
+) -> (Vec<ringraft::Response>, &'static str) {
     use ringraft::{NodeError, Session};
-    use tokio::sync::watch;
-    const APPENDS: usize = 24;
-    const RECORDS: usize = 40;
-    const CLIENT: u64 = 0xC0FFEE;
-    let cluster = Cluster::start(Kind::Inproc, 3, Durability::Memory, 16).await;
-    let leader = cluster.leader().await;
-    let follower = (1..=3).find(|id| *id != leader).unwrap();
-    let sent: Vec<Vec<Vec<u8>>> = (0..APPENDS)
-        .map(|a| {
-            (0..RECORDS)
-                .map(|r| format!("a{a}-r{r}").into_bytes())
-                .collect()
-        })
-        .collect();
-    // Per append: its first attempt has an outcome; it is acknowledged.
-    let tried: Arc<Vec<watch::Sender<bool>>> =
-        Arc::new((0..APPENDS).map(|_| watch::channel(false).0).collect());
-    let acked: Arc<Vec<watch::Sender<bool>>> =
-        Arc::new((0..APPENDS).map(|_| watch::channel(false).0).collect());
-    let mut appends = Vec::new();
-    for (a, records) in sent.iter().cloned().enumerate() {
-        let node = cluster
-            .node(if a % 2 == 0 { follower } else { leader })
-            .clone();
-        let (tried, acked) = (tried.clone(), acked.clone());
-        appends.push(tokio::spawn(async move {
-            if a % 2 == 0 && a + 1 < APPENDS {
-                let mut later = tried[a + 1].subscribe();
-                later.wait_for(|t| *t).await.unwrap();
-            }
-            let session = Session {
-                client_id: CLIENT,
-                seq: 1 + (a * RECORDS) as u64,
-            };
-            let mut first_attempt = None;
-            for _attempt in 0..100 {
-                let result = node.propose_batch(Some(session), records.clone()).await;
-                tried[a].send_replace(true);
-                first_attempt.get_or_insert(match &result {
-                    Ok(_) => "acknowledged",
-                    Err(NodeError::OutOfOrder { .. }) => "out of order",
-                    Err(_) => "failed",
-                });
-                match result {
-                    Ok(answers) => {
-                        acked[a].send_replace(true);
-                        return (answers, first_attempt.unwrap());
-                    }
-                    Err(NodeError::OutOfOrder { expected, .. }) => {
-                        assert!(a > 0, "the first append came out of order ({expected})");
-                        let mut earlier = acked[a - 1].subscribe();
-                        earlier.wait_for(|d| *d).await.unwrap();
-                    }
-                    // Outcome unknown (a leader change): retry, exactly once.
-                    Err(NodeError::Unknown(_) | NodeError::NotLeader { .. }) => {}
-                    Err(e) => panic!("append {a}: {e}"),
-                }
-            }
-            panic!("append {a} was not acknowledged in 100 attempts");
-        }));
+    if a.is_multiple_of(2) && a + 1 < APPENDS {
+        let mut later = tried[a + 1].subscribe();
+        later.wait_for(|t| *t).await.unwrap();
     }
+    let session = Session {
+        client_id: CLIENT,
+        seq: 1 + (a * RECORDS) as u64,
+    };
+    let mut first_attempt = None;
+    for _attempt in 0..100 {
+        let result = node.propose_batch(Some(session), records.clone()).await;
+        tried[a].send_replace(true);
+        first_attempt.get_or_insert(match &result {
+            Ok(_) => "acknowledged",
+            Err(NodeError::OutOfOrder { .. }) => "out of order",
+            Err(_) => "failed",
+        });
+        match result {
+            Ok(answers) => {
+                acked[a].send_replace(true);
+                return (answers, first_attempt.unwrap());
+            }
+            Err(NodeError::OutOfOrder { expected, .. }) => {
+                assert!(a > 0, "the first append came out of order ({expected})");
+                let mut earlier = acked[a - 1].subscribe();
+                earlier.wait_for(|d| *d).await.unwrap();
+            }
+            // Outcome unknown (a leader change): retry, exactly once.
+            Err(NodeError::Unknown(_) | NodeError::NotLeader { .. }) => {}
+            Err(e) => panic!("append {a}: {e}"),
+        }
+    }
+    panic!("append {a} was not acknowledged in 100 attempts");
+}
+
+/// Awaits the appends in send order, checks each one's answers, and gives
+/// all their indexes in send order.
+async fn indexes_in_send_order(
+    appends: Vec<tokio::task::JoinHandle<(Vec<ringraft::Response>, &'static str)>>,
+) -> Vec<u64> {
     let mut indexes = Vec::new();
     for (a, append) in appends.into_iter().enumerate() {
         let (answers, first_attempt) = tokio::time::timeout(4 * T, append)
@@ -487,6 +486,52 @@ async fn a_pipelining_clients_records_keep_their_send_order() {
         }
         indexes.extend(at);
     }
+    indexes
+}
+
+/// Issue 10, item 3: a client's records keep their order. One session
+/// pipelines appends of several records each, alternately through a
+/// follower (forwarded) and the leader, many in flight at once; and every
+/// even append is sent only once its successor's first attempt has an
+/// outcome, so that a later seq reaches the log before an earlier one on
+/// purpose (as through two leaders, or a retry). The records of an append
+/// used to be proposed one by one (indexes out of request order), and one
+/// session's appends were applied in whatever order they reached the log.
+/// Now: the indexes increase in send order (consecutive within an append
+/// proposed once), and every node applied the records in send order; an
+/// append that came early was refused as out of order and retried once its
+/// predecessor was acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelining_clients_records_keep_their_send_order() {
+    use std::sync::Arc;
+
+    use tokio::sync::watch;
+    let cluster = Cluster::start(Kind::Inproc, 3, Durability::Memory, 16).await;
+    let leader = cluster.leader().await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let sent: Vec<Vec<Vec<u8>>> = (0..APPENDS)
+        .map(|a| {
+            (0..RECORDS)
+                .map(|r| format!("a{a}-r{r}").into_bytes())
+                .collect()
+        })
+        .collect();
+    // Per append: its first attempt has an outcome; it is acknowledged.
+    let tried: Arc<Vec<watch::Sender<bool>>> =
+        Arc::new((0..APPENDS).map(|_| watch::channel(false).0).collect());
+    let acked: Arc<Vec<watch::Sender<bool>>> =
+        Arc::new((0..APPENDS).map(|_| watch::channel(false).0).collect());
+    let mut appends = Vec::new();
+    for (a, records) in sent.iter().cloned().enumerate() {
+        let node = cluster
+            .node(if a % 2 == 0 { follower } else { leader })
+            .clone();
+        let (tried, acked) = (tried.clone(), acked.clone());
+        appends.push(tokio::spawn(append_in_session(
+            node, a, records, tried, acked,
+        )));
+    }
+    let indexes = indexes_in_send_order(appends).await;
     let inversions: Vec<&[u64]> = indexes.windows(2).filter(|w| w[1] <= w[0]).collect();
     assert!(
         inversions.is_empty(),

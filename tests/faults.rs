@@ -293,6 +293,54 @@ where
     }
 }
 
+/// The load of membership_changes_under_load: one write at a time through
+/// whichever of `nodes` accepts it, until `stop`; counts the acknowledged.
+async fn write_until_stopped(
+    nodes: Vec<(u64, Node)>,
+    stop: Arc<AtomicBool>,
+    acked: Arc<AtomicUsize>,
+    history: History,
+) {
+    // Every try is an operation of its own with data of its own: a
+    // try whose outcome is unknown may have been applied, so its
+    // data is never proposed again.
+    let mut k = 0u32;
+    while !stop.load(Ordering::Relaxed) {
+        for (id, n) in &nodes {
+            let data = format!("load-{k}");
+            k += 1;
+            let op = history.invoke_append_via(history.fresh_process(), *id, &data);
+            match n.propose(data.into_bytes()).await {
+                Ok((index, _)) => {
+                    history.ok(op, index);
+                    acked.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                Err(e @ NodeError::NotLeader { .. }) => {
+                    history.fail(op, e.to_string());
+                    continue;
+                }
+                Err(e) => {
+                    history.info(op, e.to_string());
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+            }
+        }
+    }
+}
+
+/// Waits (at most `T`) until `acked` counts at least `n` writes.
+async fn wait_acked_at_least(acked: Arc<AtomicUsize>, n: usize) {
+    let deadline = tokio::time::Instant::now() + T;
+    while acked.load(Ordering::Relaxed) < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the load stalled below {n} writes"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn membership_changes_under_load() {
     let mut c = Cluster::start(Kind::Inproc, 5, Durability::Memory, 6).await;
@@ -309,51 +357,12 @@ async fn membership_changes_under_load() {
     let writer = {
         let (stop, acked, history) = (stop.clone(), acked.clone(), history.clone());
         let nodes: Vec<_> = (1..=3).map(|id| (id, c.node(id).clone())).collect();
-        tokio::spawn(async move {
-            // Every try is an operation of its own with data of its own: a
-            // try whose outcome is unknown may have been applied, so its
-            // data is never proposed again.
-            let mut k = 0u32;
-            while !stop.load(Ordering::Relaxed) {
-                for (id, n) in &nodes {
-                    let data = format!("load-{k}");
-                    k += 1;
-                    let op = history.invoke_append_via(history.fresh_process(), *id, &data);
-                    match n.propose(data.into_bytes()).await {
-                        Ok((index, _)) => {
-                            history.ok(op, index);
-                            acked.fetch_add(1, Ordering::Relaxed);
-                            break;
-                        }
-                        Err(e @ NodeError::NotLeader { .. }) => {
-                            history.fail(op, e.to_string());
-                            continue;
-                        }
-                        Err(e) => {
-                            history.info(op, e.to_string());
-                            tokio::time::sleep(Duration::from_millis(10)).await
-                        }
-                    }
-                }
-            }
-        })
+        tokio::spawn(write_until_stopped(nodes, stop, acked, history))
     };
     let _ = cluster;
     // The membership changes happen under load: wait until the load runs
     // (a count of writes, not a time: a slow machine writes less per second).
-    let acked_at_least = |n: usize| {
-        let acked = acked.clone();
-        async move {
-            let deadline = tokio::time::Instant::now() + T;
-            while acked.load(Ordering::Relaxed) < n {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "the load stalled below {n} writes"
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    };
+    let acked_at_least = |n: usize| wait_acked_at_least(acked.clone(), n);
     acked_at_least(10).await;
     for id in [4u64, 5] {
         c.stop(id).await;
@@ -431,6 +440,57 @@ async fn a_follower_that_lagged_past_its_ring_gets_a_snapshot() {
     );
 }
 
+// Of writers_at_full_speed_through_a_small_ring_with_a_follower_down_never_stop_raft:
+// writers, bytes per entry, the ring's size, and how many rings' worth pass.
+const WRITERS: u64 = 4;
+const ENTRY_BYTES: usize = 16 << 10;
+const RING_BYTES: u64 = 1 << 20;
+const RINGS: u64 = 10;
+
+/// Writer `w`: `per_writer` entries of `ENTRY_BYTES` through `node` (which
+/// leads as `leader`), in a session of its own; the highest index answered.
+async fn write_at_full_speed(
+    node: Node,
+    history: History,
+    w: u64,
+    leader: u64,
+    per_writer: u64,
+) -> u64 {
+    let process = history.fresh_process();
+    let mut last = 0;
+    for seq in 1..=per_writer {
+        let fill = char::from(b'a' + w as u8).to_string().repeat(ENTRY_BYTES);
+        let text = format!("{fill}-{w}-{seq}");
+        let data = text.clone().into_bytes();
+        let op = history.invoke_append_via(process, leader, text);
+        // A session: a retry after an unknown outcome is applied
+        // once.
+        let session = Session {
+            client_id: 100 + w,
+            seq,
+        };
+        let deadline = tokio::time::Instant::now() + T;
+        let index = loop {
+            match node.propose_in_session(session, data.clone()).await {
+                Ok(r) => break r.index,
+                // Backpressure: nothing was proposed. (The
+                // deadline is only a safety net against a hang.)
+                Err(NodeError::Busy(_)) if tokio::time::Instant::now() < deadline + 3 * T => {}
+                Err(e @ (NodeError::NotLeader { .. } | NodeError::Unknown(_)))
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tracing::debug!(error = %e, "proposal retried");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("writer {w}, proposal {seq}: {e}"),
+            }
+        };
+        history.ok(op, index);
+        last = last.max(index);
+    }
+    last
+}
+
 /// Issue 10, item 2: a full ring is backpressure, never a fatal storage
 /// error. Several writers at full speed push ten rings' worth of entries
 /// through a 1 MiB ring while a follower is down (a leader's purge waits for
@@ -443,10 +503,6 @@ async fn a_follower_that_lagged_past_its_ring_gets_a_snapshot() {
 /// counts, not by time: the ring must wrap whatever the machine's speed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writers_at_full_speed_through_a_small_ring_with_a_follower_down_never_stop_raft() {
-    const WRITERS: u64 = 4;
-    const ENTRY_BYTES: usize = 16 << 10;
-    const RING_BYTES: u64 = 1 << 20;
-    const RINGS: u64 = 10;
     let mut c = Cluster::start_with(Kind::Inproc, 3, Durability::Memory, 17, |cfg| {
         cfg.ring_capacity = RING_BYTES;
         cfg.keep_after_snapshot = 100;
@@ -468,42 +524,9 @@ async fn writers_at_full_speed_through_a_small_ring_with_a_follower_down_never_s
     for w in 0..WRITERS {
         let node: Node = c.node(leader).clone();
         let history = history.clone();
-        writers.push(tokio::spawn(async move {
-            let process = history.fresh_process();
-            let mut last = 0;
-            for seq in 1..=per_writer {
-                let fill = char::from(b'a' + w as u8).to_string().repeat(ENTRY_BYTES);
-                let text = format!("{fill}-{w}-{seq}");
-                let data = text.clone().into_bytes();
-                let op = history.invoke_append_via(process, leader, text);
-                // A session: a retry after an unknown outcome is applied
-                // once.
-                let session = Session {
-                    client_id: 100 + w,
-                    seq,
-                };
-                let deadline = tokio::time::Instant::now() + T;
-                let index = loop {
-                    match node.propose_in_session(session, data.clone()).await {
-                        Ok(r) => break r.index,
-                        // Backpressure: nothing was proposed. (The
-                        // deadline is only a safety net against a hang.)
-                        Err(NodeError::Busy(_))
-                            if tokio::time::Instant::now() < deadline + 3 * T => {}
-                        Err(e @ (NodeError::NotLeader { .. } | NodeError::Unknown(_)))
-                            if tokio::time::Instant::now() < deadline =>
-                        {
-                            tracing::debug!(error = %e, "proposal retried");
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                        Err(e) => panic!("writer {w}, proposal {seq}: {e}"),
-                    }
-                };
-                history.ok(op, index);
-                last = last.max(index);
-            }
-            last
-        }));
+        writers.push(tokio::spawn(write_at_full_speed(
+            node, history, w, leader, per_writer,
+        )));
     }
     let mut last = 0;
     for writer in writers {
@@ -549,6 +572,89 @@ async fn writers_at_full_speed_through_a_small_ring_with_a_follower_down_never_s
     );
 }
 
+/// Four proposals to the frozen old leader, each recorded with its outcome
+/// (an answer within 60 s or none).
+async fn propose_to_the_stale_leader(old_node: Node, stale_history: History, old: u64) {
+    let mut writers = Vec::new();
+    for w in 0..4u32 {
+        let node = old_node.clone();
+        let history = stale_history.clone();
+        writers.push(tokio::spawn(async move {
+            let data = format!("stale-{w}");
+            let op = history.invoke_append_via(history.fresh_process(), old, &data);
+            let r = tokio::time::timeout(Duration::from_secs(60), node.propose(data.into_bytes()))
+                .await;
+            match r {
+                Ok(Ok((index, _))) => history.ok(op, index),
+                Ok(Err(e)) => history.info(op, e.to_string()),
+                Err(_) => history.info(op, "no answer in 60 s"),
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+}
+
+/// Thirty writes through whichever of `followers` leads; the last index.
+async fn write_through_the_new_leader(c: &Cluster, followers: &[u64], history: &History) -> u64 {
+    let mut last = 0;
+    for k in 0..30u32 {
+        let data = format!("new-{k}");
+        // NotLeader proposed nothing: the same operation is tried again.
+        let mut op = Some(history.invoke_append(history.fresh_process(), &data));
+        loop {
+            let leader = c.leader_among(followers, T).await;
+            match c.node(leader).propose(data.clone().into_bytes()).await {
+                Ok((index, _)) => {
+                    history.ok(op.take().expect("completed once"), index);
+                    last = index;
+                    break;
+                }
+                Err(NodeError::NotLeader { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    last
+}
+
+/// One-sided requests the NICs of `followers` refused, summed.
+fn refused_by_nics(c: &Cluster, followers: &[u64]) -> u64 {
+    followers
+        .iter()
+        .map(|id| {
+            c.node(*id)
+                .device()
+                .counters()
+                .iter()
+                .find(|(k, _)| k == "refused_requests")
+                .map_or(0, |(_, v)| *v)
+        })
+        .sum()
+}
+
+/// The logs of nodes 1 to 3 agree entry by entry over their common suffix.
+fn assert_the_logs_agree(c: &Cluster) {
+    let logs: Vec<Vec<(u64, u64)>> = (1..=3)
+        .map(|id| {
+            c.node(id).log_store().with_wal(|w| {
+                let r = w.ring();
+                (r.first_index()..r.next_index())
+                    .map(|i| (i, r.term_of(i).unwrap()))
+                    .collect()
+            })
+        })
+        .collect();
+    let common = logs.iter().map(Vec::len).min().unwrap();
+    for l in &logs {
+        let (a, b) = (l.len() - common, logs[0].len() - common);
+        assert_eq!(&l[a..], &logs[0][b..], "logs diverge");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_leader_writes_nothing_valid_and_steps_down() {
     // Queue pairs wait far longer (≈17 s) than the freeze lasts, so that the
@@ -581,28 +687,7 @@ async fn a_stale_leader_writes_nothing_valid_and_steps_down() {
     let written_before = c.node(old).metrics().bytes_written.get();
     let old_node = c.node(old).clone();
     let stale_history = history.clone();
-    let stale_writer = tokio::spawn(async move {
-        let mut writers = Vec::new();
-        for w in 0..4u32 {
-            let node = old_node.clone();
-            let history = stale_history.clone();
-            writers.push(tokio::spawn(async move {
-                let data = format!("stale-{w}");
-                let op = history.invoke_append_via(history.fresh_process(), old, &data);
-                let r =
-                    tokio::time::timeout(Duration::from_secs(60), node.propose(data.into_bytes()))
-                        .await;
-                match r {
-                    Ok(Ok((index, _))) => history.ok(op, index),
-                    Ok(Err(e)) => history.info(op, e.to_string()),
-                    Err(_) => history.info(op, "no answer in 60 s"),
-                }
-            }));
-        }
-        for w in writers {
-            w.await.unwrap();
-        }
-    });
+    let stale_writer = tokio::spawn(propose_to_the_stale_leader(old_node, stale_history, old));
     let deadline = tokio::time::Instant::now() + T;
     while c.node(old).metrics().bytes_written.get() == written_before {
         assert!(
@@ -612,45 +697,14 @@ async fn a_stale_leader_writes_nothing_valid_and_steps_down() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     c.leader_among(&followers, T).await;
-    let mut last = 0;
-    for k in 0..30u32 {
-        let data = format!("new-{k}");
-        // NotLeader proposed nothing: the same operation is tried again.
-        let mut op = Some(history.invoke_append(history.fresh_process(), &data));
-        loop {
-            let leader = c.leader_among(&followers, T).await;
-            match c.node(leader).propose(data.clone().into_bytes()).await {
-                Ok((index, _)) => {
-                    history.ok(op.take().expect("completed once"), index);
-                    last = index;
-                    break;
-                }
-                Err(NodeError::NotLeader { .. }) => {
-                    tokio::time::sleep(Duration::from_millis(10)).await
-                }
-                Err(e) => panic!("{e}"),
-            }
-        }
-    }
+    let last = write_through_the_new_leader(&c, &followers, &history).await;
     let new = c.leader_among(&followers, T).await;
     // The new leader took every follower's fence (held while it leads).
     for id in &followers {
         let fence = c.node(*id).log_store().fence();
         assert_eq!(fence.leader_id(), new, "node {id}'s fence");
     }
-    let refused = |c: &Cluster| -> u64 {
-        followers
-            .iter()
-            .map(|id| {
-                c.node(*id)
-                    .device()
-                    .counters()
-                    .iter()
-                    .find(|(k, _)| k == "refused_requests")
-                    .map_or(0, |(_, v)| *v)
-            })
-            .sum()
-    };
+    let refused = |c: &Cluster| refused_by_nics(c, &followers);
     let refused_before = refused(&c);
     // Unfreeze: the old leader's held WRITEs and messages arrive now.
     history.leader_healed(old, old_term);
@@ -663,21 +717,7 @@ async fn a_stale_leader_writes_nothing_valid_and_steps_down() {
     assert_nothing_lost(&c, &history);
     // No follower's log holds an entry of the old leader's term written
     // after the new leader's first entry, and the logs agree entry by entry.
-    let logs: Vec<Vec<(u64, u64)>> = (1..=3)
-        .map(|id| {
-            c.node(id).log_store().with_wal(|w| {
-                let r = w.ring();
-                (r.first_index()..r.next_index())
-                    .map(|i| (i, r.term_of(i).unwrap()))
-                    .collect()
-            })
-        })
-        .collect();
-    let common = logs.iter().map(Vec::len).min().unwrap();
-    for l in &logs {
-        let (a, b) = (l.len() - common, logs[0].len() - common);
-        assert_eq!(&l[a..], &logs[0][b..], "logs diverge");
-    }
+    assert_the_logs_agree(&c);
     let refused_after = refused(&c);
     tracing::info!(
         refused_before,

@@ -319,27 +319,24 @@ async fn a_deposed_leader_is_not_granted_again_after_the_term_advanced() {
     node.shutdown().await;
 }
 
-/// Issue 10, item 5, "a node that fences itself must rotate like any other
-/// fence change": a writer granted under the old fence loses write access
-/// when the node raises its own fence. The old code moved the fence with a
-/// CAS only, and the old holder's WRITEs went on landing in the ring.
-#[tokio::test(flavor = "current_thread")]
-async fn raising_its_own_fence_revokes_the_old_holders_write_access() {
-    use ringraft::RingGuard;
+/// Node 2's ring in `dir`, registered on `device` and fenced by its own
+/// guard, with the store that owns it flushing: the ring, the guard, the
+/// store and the ring's capacity.
+fn node2_fenced_store(
+    dir: &std::path::Path,
+    device: &Device,
+) -> (
+    Arc<ringraft::fencing::FencedRing>,
+    ringraft::fencing::NodeGuard,
+    LogStore,
+    u64,
+) {
     use ringraft::fencing::{FencedRing, NodeGuard};
     use ringraft_wal::{RingConfig, Wal};
 
-    let dir = tempfile::tempdir().unwrap();
-    let fabric = inproc::Fabric::new(2);
-    let config = DeviceConfig {
-        node_id: 2,
-        secret: Secret::new(SECRET.to_vec()).unwrap(),
-        limits: Default::default(),
-    };
-    let device = fabric.device("node2", config);
     let wal = Wal::open(
-        &dir.path().join("data"),
-        &dir.path().join("shm"),
+        &dir.join("data"),
+        &dir.join("shm"),
         &RingConfig {
             capacity: 1 << 20,
             max_record_bytes: 64 << 10,
@@ -353,7 +350,7 @@ async fn raising_its_own_fence_revokes_the_old_holders_write_access() {
     let capacity = wal.ring().geometry().capacity;
     // SAFETY: the ring stays open in the store, which `keep_alive` hands
     // to the registrations.
-    let ring = Arc::new(unsafe { FencedRing::register(&device, regions) }.unwrap());
+    let ring = Arc::new(unsafe { FencedRing::register(device, regions) }.unwrap());
     let guard = NodeGuard::new(
         ring.clone(),
         device.clone(),
@@ -366,6 +363,26 @@ async fn raising_its_own_fence_revokes_the_old_holders_write_access() {
     guard.bind(&store);
     store.start_flusher(|| {}).expect("flusher");
     ring.keep_alive(store.clone());
+    (ring, guard, store, capacity)
+}
+
+/// Issue 10, item 5, "a node that fences itself must rotate like any other
+/// fence change": a writer granted under the old fence loses write access
+/// when the node raises its own fence. The old code moved the fence with a
+/// CAS only, and the old holder's WRITEs went on landing in the ring.
+#[tokio::test(flavor = "current_thread")]
+async fn raising_its_own_fence_revokes_the_old_holders_write_access() {
+    use ringraft::RingGuard;
+
+    let dir = tempfile::tempdir().unwrap();
+    let fabric = inproc::Fabric::new(2);
+    let config = DeviceConfig {
+        node_id: 2,
+        secret: Secret::new(SECRET.to_vec()).unwrap(),
+        limits: Default::default(),
+    };
+    let device = fabric.device("node2", config);
+    let (ring, guard, store, capacity) = node2_fenced_store(dir.path(), &device);
     let hello = Hello {
         cluster_id: CLUSTER_ID,
         node_id: 2,

@@ -29,6 +29,89 @@ fn ttl() -> RPCOption {
     RPCOption::new(Duration::from_secs(10))
 }
 
+/// The leader's first request is a grant for `epoch`, which raised the
+/// follower's fence; the follower grants it at tail `granted`.
+async fn grant_the_leader(
+    conn: &ringraft_transport::Connection,
+    follower: &ScriptedFollower,
+    epoch: Epoch,
+    granted: ringraft::protocol::Tail,
+) {
+    match next_request(conn).await.unwrap() {
+        Request::Grant { epoch: e } => assert_eq!(e, epoch.0),
+        other => panic!("expected a grant: {other:?}"),
+    }
+    let fence = follower.fence.word(0).unwrap();
+    assert_eq!(fence.load(std::sync::atomic::Ordering::Acquire), epoch.0);
+    answer(
+        conn,
+        &Reply::Granted {
+            data: follower.data.remote(),
+            tail: granted,
+        },
+    )
+    .await;
+}
+
+/// Batch 2 comes one-sided on the same connection at the tail the answer to
+/// batch 1 gave; the end of what it wrote.
+async fn batch_2_one_sided(conn: &ringraft_transport::Connection) -> u64 {
+    match next_request(conn).await {
+        Ok(Request::Append {
+            body:
+                AppendBody::Written {
+                    from_lsn,
+                    to_lsn,
+                    count,
+                    last,
+                },
+            ..
+        }) => {
+            assert_eq!(
+                (from_lsn, count, last),
+                (1024, 2, log_id(TERM, 7)),
+                "batch 2 goes one-sided at the tail the answer gave"
+            );
+            to_lsn
+        }
+        other => panic!("batch 2 did not come one-sided on the same connection: {other:?}"),
+    }
+}
+
+/// Batch 3 is pipelined right behind batch 2 (which ended at `second_end`);
+/// the end of what it wrote.
+async fn batch_3_pipelined(conn: &ringraft_transport::Connection, second_end: u64) -> u64 {
+    match next_request(conn).await {
+        Ok(Request::Append {
+            body:
+                AppendBody::Written {
+                    from_lsn,
+                    to_lsn,
+                    count: 1,
+                    last,
+                },
+            ..
+        }) if from_lsn == second_end && last == log_id(TERM, 8) => to_lsn,
+        other => panic!("batch 3 was not pipelined behind batch 2: {other:?}"),
+    }
+}
+
+/// The leader's stream ends and answered the three batches in order.
+async fn the_stream_acknowledged_5_7_and_8(
+    leader: tokio::task::JoinHandle<Result<Vec<String>, String>>,
+) {
+    let results = tokio::time::timeout(PATIENCE, leader)
+        .await
+        .expect("the stream ends")
+        .unwrap()
+        .unwrap();
+    let expected: Vec<String> = [5, 7, 8]
+        .iter()
+        .map(|i| format!("{:?}", Ok::<_, ()>(Ok::<_, ()>(Some(log_id(TERM, *i))))))
+        .collect();
+    assert_eq!(results, expected);
+}
+
 /// Issue 10, item 5, "Pipelining after a two-sided batch": a batch that
 /// went two-sided (its `prev_log_id` is not the follower's tail) left the
 /// next pipelined batch to ask for a grant with the first one's reply still
@@ -70,20 +153,7 @@ async fn the_pipeline_keeps_working_after_a_batch_falls_back_to_send() {
     };
 
     let conn = follower.accept().await;
-    match next_request(&conn).await.unwrap() {
-        Request::Grant { epoch: e } => assert_eq!(e, epoch.0),
-        other => panic!("expected a grant: {other:?}"),
-    }
-    let fence = follower.fence.word(0).unwrap();
-    assert_eq!(fence.load(std::sync::atomic::Ordering::Acquire), epoch.0);
-    answer(
-        &conn,
-        &Reply::Granted {
-            data: follower.data.remote(),
-            tail: granted,
-        },
-    )
-    .await;
+    grant_the_leader(&conn, &follower, epoch, granted).await;
     match next_request(&conn).await.unwrap() {
         Request::Append {
             prev_log_id,
@@ -106,44 +176,13 @@ async fn the_pipeline_keeps_working_after_a_batch_falls_back_to_send() {
         },
     )
     .await;
-    let second_end = match next_request(&conn).await {
-        Ok(Request::Append {
-            body:
-                AppendBody::Written {
-                    from_lsn,
-                    to_lsn,
-                    count,
-                    last,
-                },
-            ..
-        }) => {
-            assert_eq!(
-                (from_lsn, count, last),
-                (1024, 2, log_id(TERM, 7)),
-                "batch 2 goes one-sided at the tail the answer gave"
-            );
-            to_lsn
-        }
-        other => panic!("batch 2 did not come one-sided on the same connection: {other:?}"),
-    };
+    let second_end = batch_2_one_sided(&conn).await;
     // It landed where the answer said the tail is, under the leader's epoch.
     let header: [u8; 64] = follower.data.read(1024, 64).unwrap().try_into().unwrap();
     let header = RecordHeader::decode(&header).unwrap();
     assert_eq!((header.lsn, header.index, header.epoch), (1024, 6, epoch));
     // Batch 3 is pipelined: it comes before the answer to batch 2.
-    let third_end = match next_request(&conn).await {
-        Ok(Request::Append {
-            body:
-                AppendBody::Written {
-                    from_lsn,
-                    to_lsn,
-                    count: 1,
-                    last,
-                },
-            ..
-        }) if from_lsn == second_end && last == log_id(TERM, 8) => to_lsn,
-        other => panic!("batch 3 was not pipelined behind batch 2: {other:?}"),
-    };
+    let third_end = batch_3_pipelined(&conn, second_end).await;
     for (end, last) in [(second_end, 7), (third_end, 8)] {
         answer(
             &conn,
@@ -154,16 +193,7 @@ async fn the_pipeline_keeps_working_after_a_batch_falls_back_to_send() {
         )
         .await;
     }
-    let results = tokio::time::timeout(PATIENCE, leader)
-        .await
-        .expect("the stream ends")
-        .unwrap()
-        .unwrap();
-    let expected: Vec<String> = [5, 7, 8]
-        .iter()
-        .map(|i| format!("{:?}", Ok::<_, ()>(Ok::<_, ()>(Some(log_id(TERM, *i))))))
-        .collect();
-    assert_eq!(results, expected);
+    the_stream_acknowledged_5_7_and_8(leader).await;
     assert!(
         follower.try_accept(Duration::from_secs(1)).await.is_none(),
         "the leader made a second connection"
@@ -238,24 +268,12 @@ fn grant_with(tail: ringraft::protocol::Tail) -> impl FnOnce(&ScriptedFollower) 
     }
 }
 
-/// Issue 10, item 5, "Input from the peer's NIC is trusted": bad values in
-/// a follower's handshake and grant, and a short READ answer from its NIC,
-/// panicked the leader (`RecordEncoder::new`'s asserts, `expect("8
-/// bytes")`, overflowing arithmetic on the peer's offsets) or were used as
-/// they came. Each must be an error of that exchange, with a message that
-/// says what was wrong.
-#[tokio::test(start_paused = true)]
-async fn bad_values_from_a_follower_are_errors_not_panics() {
-    let old = Epoch::new(1, 3).unwrap();
-    let good = tail(640, log_id(1, 5), old);
-    let next = || append(TERM, LEADER, Some(log_id(1, 5)), entries(TERM, 6, 7));
-    let mut failures = Vec::new();
-    let mut check = |case: &str, outcome: Result<String, String>, expect: &str| match outcome {
-        Ok(error) if error.contains(expect) => {}
-        Ok(error) => failures.push(format!("{case}: error without {expect:?}: {error}")),
-        Err(what) => failures.push(format!("{case}: {what}")),
-    };
-
+/// Bad tails and a bad capacity in the grant: each is an error naming it.
+async fn bad_tails_and_capacity(
+    check: &mut impl FnMut(&str, Result<String, String>, &str),
+    good: ringraft::protocol::Tail,
+    next: &impl Fn() -> openraft::raft::AppendEntriesRequest<ringraft::TypeConfig>,
+) {
     let unaligned = ringraft::protocol::Tail {
         next_lsn: 100,
         ..good
@@ -304,7 +322,16 @@ async fn bad_values_from_a_follower_are_errors_not_panics() {
         leader_meets(|_| {}, |_, _| {}, grant_with(end_of_lsn_space), next()).await,
         "beyond",
     );
+}
 
+/// Bad regions, a bad fence word, a short READ and a bad head word: each
+/// is an error naming it.
+async fn bad_regions_and_words(
+    check: &mut impl FnMut(&str, Result<String, String>, &str),
+    good: ringraft::protocol::Tail,
+    old: Epoch,
+    next: &impl Fn() -> openraft::raft::AppendEntriesRequest<ringraft::TypeConfig>,
+) {
     check(
         "a data area shorter than the ring",
         leader_meets(
@@ -355,6 +382,28 @@ async fn bad_values_from_a_follower_are_errors_not_panics() {
         .await,
         "beyond its tail",
     );
+}
+
+/// Issue 10, item 5, "Input from the peer's NIC is trusted": bad values in
+/// a follower's handshake and grant, and a short READ answer from its NIC,
+/// panicked the leader (`RecordEncoder::new`'s asserts, `expect("8
+/// bytes")`, overflowing arithmetic on the peer's offsets) or were used as
+/// they came. Each must be an error of that exchange, with a message that
+/// says what was wrong.
+#[tokio::test(start_paused = true)]
+async fn bad_values_from_a_follower_are_errors_not_panics() {
+    let old = Epoch::new(1, 3).unwrap();
+    let good = tail(640, log_id(1, 5), old);
+    let next = || append(TERM, LEADER, Some(log_id(1, 5)), entries(TERM, 6, 7));
+    let mut failures = Vec::new();
+    let mut check = |case: &str, outcome: Result<String, String>, expect: &str| match outcome {
+        Ok(error) if error.contains(expect) => {}
+        Ok(error) => failures.push(format!("{case}: error without {expect:?}: {error}")),
+        Err(what) => failures.push(format!("{case}: {what}")),
+    };
+
+    bad_tails_and_capacity(&mut check, good, &next).await;
+    bad_regions_and_words(&mut check, good, old, &next).await;
 
     assert!(failures.is_empty(), "{failures:#?}");
 }
