@@ -2,7 +2,8 @@
 //! the log itself (ring and segments, [`ringraft::Node::read_log`]), so the
 //! state machine keeps nothing of the records, and a snapshot holds only
 //! what the library adds to it (the log position, the membership, client
-//! sessions, the retention point). Memory use does not grow with the log.
+//! sessions, the retention point). Memory use does not grow with the log;
+//! this module must never keep a copy of the records.
 
 use ringraft::{Applied, StateMachine};
 

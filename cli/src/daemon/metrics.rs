@@ -2,7 +2,8 @@
 //!
 //! Values are read at scrape time from the node (openraft's metrics and the
 //! data plane's counters), the ring and the fabric device (on rdma, the
-//! port's `hw_counters`), into a fresh registry.
+//! port's `hw_counters`), into a fresh registry. Scraping only reads: it
+//! never changes the node, and a failed encoding is an answer, not a panic.
 
 use std::fmt::Write as _;
 
@@ -35,94 +36,111 @@ fn gauge(registry: &mut Registry, name: &str, help: &str, value: i64) {
 /// The exposition text.
 pub fn render(node: &Node) -> String {
     let mut registry = Registry::with_prefix("ringraft");
+    raft_gauges(&mut registry, node);
+    data_plane_gauges(&mut registry, node);
+    families(&mut registry, node);
+    let mut text = String::new();
+    if prometheus_client::encoding::text::encode(&mut text, &registry).is_err() {
+        return "# encoding failed\n".into();
+    }
+    let hist = commit_latency(node);
+    match text.rfind("# EOF") {
+        Some(at) => text.insert_str(at, &hist),
+        None => text.push_str(&hist),
+    }
+    text
+}
+
+/// The node's Raft position and its log's bounds.
+fn raft_gauges(registry: &mut Registry, node: &Node) {
     let status = node.status();
     let m = node.metrics();
+    gauge(registry, "term", "Current Raft term", status.term as i64);
     gauge(
-        &mut registry,
-        "term",
-        "Current Raft term",
-        status.term as i64,
-    );
-    gauge(
-        &mut registry,
+        registry,
         "is_leader",
         "1 when this node leads",
         (status.leader_id == Some(status.id)) as i64,
     );
     gauge(
-        &mut registry,
+        registry,
         "commit_index",
         "Highest committed index",
         status.commit_index.unwrap_or(0) as i64,
     );
     gauge(
-        &mut registry,
+        registry,
         "applied_index",
         "Highest applied index",
         status.applied_index.unwrap_or(0) as i64,
     );
     gauge(
-        &mut registry,
+        registry,
         "last_log_index",
         "Last log index",
         status.last_log_index.unwrap_or(0) as i64,
     );
     gauge(
-        &mut registry,
+        registry,
         "proposals_in_flight",
         "Proposals made through this node (appends and trims) not yet answered",
         m.proposals_in_flight.get(),
     );
     gauge(
-        &mut registry,
+        registry,
         "first_index",
         "First index this node holds (0: nothing trimmed)",
         (*node.watch_first_index().borrow()).max(node.log_store().first_index()) as i64,
     );
     gauge(
-        &mut registry,
+        registry,
         "segment_bytes",
         "Bytes of the log's segment files on disk",
         node.log_store().segments().disk_bytes() as i64,
     );
+}
+
+/// The data plane's counters and the ring's use.
+fn data_plane_gauges(registry: &mut Registry, node: &Node) {
+    let m = node.metrics();
     gauge(
-        &mut registry,
+        registry,
         "proposals",
         "Proposals committed through this node",
         m.proposals.get() as i64,
     );
     gauge(
-        &mut registry,
+        registry,
         "fence_changes",
         "Times this node took a follower's fence",
         m.fence_changes.get() as i64,
     );
     gauge(
-        &mut registry,
+        registry,
         "rejected_records",
         "Written records refused at adoption",
         m.rejected_records.get() as i64,
     );
     gauge(
-        &mut registry,
+        registry,
         "fenced_writes",
         "WRITEs refused because this leader was fenced out",
         m.fenced_writes.get() as i64,
     );
     gauge(
-        &mut registry,
+        registry,
         "bytes_written",
         "Bytes written one-sided into followers' rings",
         m.bytes_written.get() as i64,
     );
     gauge(
-        &mut registry,
+        registry,
         "rkey_rotations",
         "Rotations of the ring's data rkey",
         node.rkey_rotations() as i64,
     );
     gauge(
-        &mut registry,
+        registry,
         "votes_blocked",
         "1 while the log is corrupt inside and the node refuses votes",
         node.log_store().votes_blocked() as i64,
@@ -132,18 +150,22 @@ pub fn render(node: &Node) -> String {
         (r.tail_lsn() - r.head_lsn(), r.geometry().capacity)
     });
     gauge(
-        &mut registry,
+        registry,
         "ring_used_bytes",
         "Bytes of the ring in use",
         used as i64,
     );
     gauge(
-        &mut registry,
+        registry,
         "ring_capacity_bytes",
         "Ring data area capacity",
         capacity as i64,
     );
+}
 
+/// The labelled families: replication lag per follower and the fabric
+/// device's counters.
+fn families(registry: &mut Registry, node: &Node) {
     // Replication lag per follower (leader only): entries behind the last log.
     let lag = Family::<FollowerLabel, Gauge>::default();
     for (id, behind) in node.replication_lag() {
@@ -166,12 +188,12 @@ pub fn render(node: &Node) -> String {
             .set(value as i64);
     }
     registry.register("nic_counter", "Fabric device counters", nic);
+}
 
-    let mut text = String::new();
-    if prometheus_client::encoding::text::encode(&mut text, &registry).is_err() {
-        return "# encoding failed\n".into();
-    }
-    // The commit latency histogram, from the node's fixed buckets.
+/// The commit latency histogram's exposition text, from the node's fixed
+/// buckets (inserted before `# EOF`).
+fn commit_latency(node: &Node) -> String {
+    let m = node.metrics();
     let (buckets, sum_us, count) = m.commit_latency.snapshot();
     let mut hist = String::new();
     let _ = writeln!(
@@ -198,11 +220,7 @@ pub fn render(node: &Node) -> String {
         sum_us as f64 / 1e6
     );
     let _ = writeln!(hist, "ringraft_commit_latency_seconds_count {count}");
-    match text.rfind("# EOF") {
-        Some(at) => text.insert_str(at, &hist),
-        None => text.push_str(&hist),
-    }
-    text
+    hist
 }
 
 /// Serves `/metrics` and `/health` on `addr` until `shutdown` turns true.

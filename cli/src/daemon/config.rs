@@ -186,15 +186,7 @@ pub fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>, String> {
 impl ServeArgs {
     /// Merges the file (if any) under the flags, and checks everything.
     pub fn resolve(self) -> Result<Config, String> {
-        let file = match &self.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("config {}: {e}", path.display()))?;
-                toml::from_str::<FileConfig>(&text)
-                    .map_err(|e| format!("config {}: {e}", path.display()))?
-            }
-            None => FileConfig::default(),
-        };
+        let file = load_file(self.config.as_deref())?;
         let id = self.id.or(file.id).ok_or("--id is required")?;
         if id == 0 || id > ringraft_wal::layout::MAX_NODE_ID {
             return Err(format!("--id {id} is not in 1..=65535"));
@@ -219,22 +211,8 @@ impl ServeArgs {
                 peers[&id]
             ));
         }
-        let fabric = match self.fabric.or(file.fabric).as_deref().unwrap_or("auto") {
-            "auto" => FabricChoice::Auto,
-            "tcp" => FabricChoice::Tcp,
-            "rdma" => FabricChoice::Rdma,
-            other => return Err(format!("--fabric {other}: expected auto, tcp or rdma")),
-        };
-        let durability = match self
-            .durability
-            .or(file.durability)
-            .as_deref()
-            .unwrap_or("memory")
-        {
-            "memory" => ringraft::Durability::Memory,
-            "fsync" => ringraft::Durability::Fsync,
-            other => return Err(format!("--durability {other}: expected memory or fsync")),
-        };
+        let fabric = parse_fabric(self.fabric.or(file.fabric).as_deref())?;
+        let durability = parse_durability(self.durability.or(file.durability).as_deref())?;
         let ring_capacity = self
             .ring_capacity
             .or(file.ring_capacity)
@@ -248,79 +226,16 @@ impl ServeArgs {
                 ring_capacity / 4
             ));
         }
-        let secret = match self.secret_file.or(file.secret_file) {
-            Some(path) => {
-                let bytes = std::fs::read(&path)
-                    .map_err(|e| format!("--secret-file {}: {e}", path.display()))?;
-                let trimmed = bytes.trim_ascii().to_vec();
-                if trimmed.len() < 16 {
-                    return Err(format!(
-                        "--secret-file {}: the secret must be at least 16 bytes",
-                        path.display()
-                    ));
-                }
-                trimmed
-            }
-            None => DEV_SECRET.to_vec(),
-        };
-        let json_logs = match self
-            .log_format
-            .or(file.log_format)
-            .as_deref()
-            .unwrap_or("text")
-        {
-            "text" => false,
-            "json" => true,
-            other => return Err(format!("--log-format {other}: expected text or json")),
-        };
-        let election_timeout_ms = match self.election_timeout_ms.or(file.election_timeout_ms) {
-            Some(s) => {
-                let (a, b) = s
-                    .split_once(',')
-                    .ok_or("--election-timeout-ms: expected min,max")?;
-                let (a, b): (u64, u64) = (
-                    a.trim()
-                        .parse()
-                        .map_err(|e| format!("--election-timeout-ms: {e}"))?,
-                    b.trim()
-                        .parse()
-                        .map_err(|e| format!("--election-timeout-ms: {e}"))?,
-                );
-                if a == 0 || b <= a {
-                    return Err("--election-timeout-ms: need 0 < min < max".into());
-                }
-                (a, b)
-            }
-            None => (300, 600),
-        };
+        let secret = read_secret(self.secret_file.or(file.secret_file))?;
+        let json_logs = parse_log_format(self.log_format.or(file.log_format).as_deref())?;
+        let election_timeout_ms =
+            parse_election_timeout(self.election_timeout_ms.or(file.election_timeout_ms))?;
         let heartbeat_ms = self.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(100);
         if heartbeat_ms == 0 || heartbeat_ms >= election_timeout_ms.0 {
             return Err("--heartbeat-ms must be below the election timeout".into());
         }
-        let retain_bytes = match self.retain_bytes.or(file.retain_bytes) {
-            Some(s) => {
-                let bytes = parse_bytes(&s).map_err(|e| format!("--retain-bytes: {e}"))?;
-                if bytes < MIN_RETAIN_BYTES {
-                    return Err(format!(
-                        "--retain-bytes {s}: keep at least {MIN_RETAIN_BYTES} bytes (1 MiB)"
-                    ));
-                }
-                Some(bytes)
-            }
-            None => None,
-        };
-        let retain_age = match self.retain_age.or(file.retain_age) {
-            Some(s) => {
-                let age = humantime::parse_duration(s.trim()).map_err(|e| {
-                    format!("--retain-age {s:?} is not a duration (like 7d or 12h): {e}")
-                })?;
-                if age.is_zero() {
-                    return Err(format!("--retain-age {s}: must be above zero"));
-                }
-                Some(age)
-            }
-            None => None,
-        };
+        let retain_bytes = parse_retain_bytes(self.retain_bytes.or(file.retain_bytes))?;
+        let retain_age = parse_retain_age(self.retain_age.or(file.retain_age))?;
         Ok(Config {
             id,
             data_dir,
@@ -344,6 +259,115 @@ impl ServeArgs {
             retain_age,
         })
     }
+}
+
+/// The TOML file at `path` (none: every key unset). Unknown keys are refused.
+fn load_file(path: Option<&std::path::Path>) -> Result<FileConfig, String> {
+    match path {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("config {}: {e}", path.display()))?;
+            toml::from_str::<FileConfig>(&text)
+                .map_err(|e| format!("config {}: {e}", path.display()))
+        }
+        None => Ok(FileConfig::default()),
+    }
+}
+
+/// `--fabric` (default auto).
+fn parse_fabric(s: Option<&str>) -> Result<FabricChoice, String> {
+    match s.unwrap_or("auto") {
+        "auto" => Ok(FabricChoice::Auto),
+        "tcp" => Ok(FabricChoice::Tcp),
+        "rdma" => Ok(FabricChoice::Rdma),
+        other => Err(format!("--fabric {other}: expected auto, tcp or rdma")),
+    }
+}
+
+/// `--durability` (default memory).
+fn parse_durability(s: Option<&str>) -> Result<ringraft::Durability, String> {
+    match s.unwrap_or("memory") {
+        "memory" => Ok(ringraft::Durability::Memory),
+        "fsync" => Ok(ringraft::Durability::Fsync),
+        other => Err(format!("--durability {other}: expected memory or fsync")),
+    }
+}
+
+/// The secret in `path`, trimmed, at least 16 bytes (none: [`DEV_SECRET`]).
+fn read_secret(path: Option<PathBuf>) -> Result<Vec<u8>, String> {
+    match path {
+        Some(path) => {
+            let bytes = std::fs::read(&path)
+                .map_err(|e| format!("--secret-file {}: {e}", path.display()))?;
+            let trimmed = bytes.trim_ascii().to_vec();
+            if trimmed.len() < 16 {
+                return Err(format!(
+                    "--secret-file {}: the secret must be at least 16 bytes",
+                    path.display()
+                ));
+            }
+            Ok(trimmed)
+        }
+        None => Ok(DEV_SECRET.to_vec()),
+    }
+}
+
+/// `--log-format` (default text): true for json.
+fn parse_log_format(s: Option<&str>) -> Result<bool, String> {
+    match s.unwrap_or("text") {
+        "text" => Ok(false),
+        "json" => Ok(true),
+        other => Err(format!("--log-format {other}: expected text or json")),
+    }
+}
+
+/// `--election-timeout-ms min,max` (default 300,600).
+fn parse_election_timeout(s: Option<String>) -> Result<(u64, u64), String> {
+    let Some(s) = s else {
+        return Ok((300, 600));
+    };
+    let (a, b) = s
+        .split_once(',')
+        .ok_or("--election-timeout-ms: expected min,max")?;
+    let (a, b): (u64, u64) = (
+        a.trim()
+            .parse()
+            .map_err(|e| format!("--election-timeout-ms: {e}"))?,
+        b.trim()
+            .parse()
+            .map_err(|e| format!("--election-timeout-ms: {e}"))?,
+    );
+    if a == 0 || b <= a {
+        return Err("--election-timeout-ms: need 0 < min < max".into());
+    }
+    Ok((a, b))
+}
+
+/// `--retain-bytes` (none: no size retention), at least [`MIN_RETAIN_BYTES`].
+fn parse_retain_bytes(s: Option<String>) -> Result<Option<u64>, String> {
+    let Some(s) = s else {
+        return Ok(None);
+    };
+    let bytes = parse_bytes(&s).map_err(|e| format!("--retain-bytes: {e}"))?;
+    if bytes < MIN_RETAIN_BYTES {
+        return Err(format!(
+            "--retain-bytes {s}: keep at least {MIN_RETAIN_BYTES} bytes (1 MiB)"
+        ));
+    }
+    Ok(Some(bytes))
+}
+
+/// `--retain-age` (none: no age retention), above zero.
+fn parse_retain_age(s: Option<String>) -> Result<Option<std::time::Duration>, String> {
+    let Some(s) = s else {
+        return Ok(None);
+    };
+    let age = humantime::parse_duration(s.trim())
+        .map_err(|e| format!("--retain-age {s:?} is not a duration (like 7d or 12h): {e}"))?;
+    if age.is_zero() {
+        return Err(format!("--retain-age {s}: must be above zero"));
+    }
+    Ok(Some(age))
 }
 
 #[cfg(test)]

@@ -1,16 +1,17 @@
 //! `ringraft serve`: one node of a replicated log, its client API, and its
 //! metrics endpoint, until SIGTERM or SIGINT (then: stop accepting, flush,
-//! close).
+//! close). It wires the parts together; it never handles a client request
+//! itself (that is `service`) and never parses flags (that is `config`).
 
 use std::time::Duration;
 
-use crate::proto::log_server::LogServer;
+use super::proto::log_server::LogServer;
 use ringraft::{Fabric, NodeBuilder, NodeConfig};
 use tonic::transport::server::TcpIncoming;
 
-use crate::config::{Config, FabricChoice};
-use crate::records::Records;
-use crate::service::LogService;
+use super::config::{Config, FabricChoice};
+use super::service::LogService;
+use super::state_machine::Records;
 
 /// Largest client API message, bytes (records above --max-record are refused
 /// individually before this).
@@ -28,8 +29,8 @@ fn fabric(config: &Config) -> Fabric {
     }
 }
 
-/// Runs the daemon until a termination signal.
-pub async fn run(config: Config) -> Result<(), String> {
+/// The library's node configuration from the daemon's.
+fn node_config(config: &Config) -> NodeConfig {
     let mut node_config = NodeConfig::new(config.id, &config.data_dir, config.listen.clone());
     node_config.ring_dir = config.ring_dir.clone();
     node_config.cluster_id = config.cluster_id;
@@ -46,8 +47,14 @@ pub async fn run(config: Config) -> Result<(), String> {
     node_config.keep_after_snapshot = u64::MAX;
     node_config.retain_bytes = config.retain_bytes;
     node_config.retain_age = config.retain_age;
-    let node = NodeBuilder::new(node_config)
-        .fabric(fabric(&config))
+    node_config
+}
+
+/// Starts the node (and bootstraps the cluster when told to); also returns
+/// the fabric backend's name.
+async fn start_node(config: &Config) -> Result<(ringraft::Node, String), String> {
+    let node = NodeBuilder::new(node_config(config))
+        .fabric(fabric(config))
         .secret(config.secret.clone())
         .state_machine(Records)
         .start()
@@ -70,6 +77,12 @@ pub async fn run(config: Config) -> Result<(), String> {
             .map_err(|e| format!("bootstrap: {e}"))?;
     }
 
+    Ok((node, backend))
+}
+
+/// Runs the daemon until a termination signal.
+pub async fn run(config: Config) -> Result<(), String> {
+    let (node, backend) = start_node(&config).await?;
     let client_addr: std::net::SocketAddr = tokio::net::lookup_host(&config.client)
         .await
         .map_err(|e| format!("--client {}: {e}", config.client))?
@@ -99,7 +112,7 @@ pub async fn run(config: Config) -> Result<(), String> {
             }),
     );
     let metrics = match &config.metrics {
-        Some(addr) => Some(crate::metrics::serve(addr, node.clone(), shutdown_rx.clone()).await?),
+        Some(addr) => Some(super::metrics::serve(addr, node.clone(), shutdown_rx.clone()).await?),
         None => None,
     };
 

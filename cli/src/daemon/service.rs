@@ -12,7 +12,7 @@ use futures::{Stream, StreamExt};
 use ringraft::{Node, NodeError, ReadConsistency, Session};
 use tonic::{Request, Response, Status};
 
-use crate::proto::log_server::Log;
+use super::proto::log_server::Log;
 use ringraft_client::proto::{
     AddLearnerRequest, AppendRequest, AppendResponse, Consistency, FollowRequest, Member,
     MembersRequest, MembersResponse, PromoteRequest, ReadRequest, Record, RemoveRequest,

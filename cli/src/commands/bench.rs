@@ -19,6 +19,9 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use ringraft_client::{Client, ClientError};
 
+use super::fail;
+use crate::args::BenchArgs;
+
 /// Concurrent clients, at most.
 pub const MAX_CLIENTS: usize = 4096;
 /// Record size, at most (the client API's message limit is 64 MiB).
@@ -337,6 +340,51 @@ pub async fn leader_first(endpoints: Vec<String>, per_endpoint: Duration) -> Vec
     }
 }
 
+/// `ringraft bench`: checks the flags, runs the bench and prints its
+/// summary; exit 1 when no append was acknowledged.
+pub(crate) async fn command(args: BenchArgs) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let BenchArgs {
+        endpoints,
+        clients,
+        size,
+        duration,
+        batch,
+        append_deadline_ms,
+        json,
+        quiet,
+    } = args;
+    if !(duration.is_finite() && duration > 0.0 && duration <= MAX_DURATION_SECS as f64) {
+        return fail(format!(
+            "--duration {duration}: expected seconds in (0, {MAX_DURATION_SECS}]"
+        ));
+    }
+    let config = BenchConfig {
+        endpoints: endpoints.endpoints.clone(),
+        per_endpoint: Duration::from_millis(endpoints.timeout_ms),
+        clients,
+        size,
+        batch,
+        duration: Duration::from_secs_f64(duration),
+        append_deadline: Duration::from_millis(append_deadline_ms.max(1)),
+    };
+    match run(config, !quiet).await {
+        Ok(report) => {
+            if json {
+                println!("{}", report.to_json());
+            } else {
+                println!("{}", report.to_text());
+            }
+            if report.acknowledged == 0 {
+                eprintln!("ringraft: bench: no append was acknowledged");
+                return ExitCode::from(1);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(format!("bench: {e}")),
+    }
+}
+
 /// Runs the bench; `progress` gets the live line.
 pub async fn run(mut config: BenchConfig, progress: bool) -> Result<BenchReport, String> {
     config.check()?;
@@ -352,7 +400,33 @@ pub async fn run(mut config: BenchConfig, progress: bool) -> Result<BenchReport,
         .map(|k| tokio::spawn(worker(config.clone(), run, k, shared.clone())))
         .collect();
 
-    // The progress line, about once a second, until the duration is over.
+    show_progress(&config, &shared, started, progress).await;
+    let merged = merge(workers).await?;
+    let elapsed = started.elapsed();
+    if merged.refused {
+        return Err(format!(
+            "the cluster refused an append: {}",
+            merged.first_error.unwrap_or_default()
+        ));
+    }
+    let config = Arc::try_unwrap(config).unwrap_or_else(|c| (*c).clone());
+    Ok(BenchReport {
+        config,
+        run,
+        elapsed,
+        acknowledged: merged.acknowledged,
+        errors: merged.errors,
+        retries: merged.retries,
+        latency_us: merged.latency_us,
+        index_range: merged.index_range,
+        first_error: merged.first_error,
+    })
+}
+
+/// The progress line, about once a second (when `progress`), until the
+/// duration is over or a worker stopped the run; then tells the workers to
+/// stop.
+async fn show_progress(config: &BenchConfig, shared: &Shared, started: Instant, progress: bool) {
     let tty = std::io::stderr().is_terminal();
     let end = started + config.duration;
     let mut last = (started, 0u64);
@@ -388,51 +462,41 @@ pub async fn run(mut config: BenchConfig, progress: bool) -> Result<BenchReport,
     if progress && tty {
         eprintln!();
     }
+}
 
-    // Appends in flight finish (or fail after their deadline) and count.
-    let mut latency_us = new_histogram();
-    let mut acknowledged = 0;
-    let mut errors = 0;
-    let mut retries = 0;
-    let mut index_range: Option<(u64, u64)> = None;
-    let mut first_error = None;
-    let mut refused = false;
+/// Waits for every worker (appends in flight finish, or fail after their
+/// deadline, and count) and sums their results.
+async fn merge(
+    workers: Vec<tokio::task::JoinHandle<WorkerResult>>,
+) -> Result<WorkerResult, String> {
+    let mut total = WorkerResult {
+        latency_us: new_histogram(),
+        acknowledged: 0,
+        errors: 0,
+        retries: 0,
+        index_range: None,
+        first_error: None,
+        refused: false,
+    };
     for w in workers {
         let r = w.await.map_err(|e| format!("a bench client failed: {e}"))?;
-        latency_us
+        total
+            .latency_us
             .add(&r.latency_us)
             .expect("histograms of equal bounds merge");
-        acknowledged += r.acknowledged;
-        errors += r.errors;
-        retries += r.retries;
-        refused |= r.refused;
-        index_range = match (index_range, r.index_range) {
+        total.acknowledged += r.acknowledged;
+        total.errors += r.errors;
+        total.retries += r.retries;
+        total.refused |= r.refused;
+        total.index_range = match (total.index_range, r.index_range) {
             (Some((a, b)), Some((c, d))) => Some((a.min(c), b.max(d))),
             (x, None) | (None, x) => x,
         };
-        if first_error.is_none() {
-            first_error = r.first_error;
+        if total.first_error.is_none() {
+            total.first_error = r.first_error;
         }
     }
-    let elapsed = started.elapsed();
-    if refused {
-        return Err(format!(
-            "the cluster refused an append: {}",
-            first_error.unwrap_or_default()
-        ));
-    }
-    let config = Arc::try_unwrap(config).unwrap_or_else(|c| (*c).clone());
-    Ok(BenchReport {
-        config,
-        run,
-        elapsed,
-        acknowledged,
-        errors,
-        retries,
-        latency_us,
-        index_range,
-        first_error,
-    })
+    Ok(total)
 }
 
 #[cfg(test)]

@@ -1,0 +1,15 @@
+//! `ringraft transfer`: asks the leader to hand leadership to a node. It
+//! only asks; it never forces an election itself.
+
+use std::process::ExitCode;
+
+use super::client_error;
+use crate::args::Endpoints;
+
+/// Asks for node `to` to lead.
+pub(crate) async fn run(endpoints: Endpoints, to: u64) -> ExitCode {
+    match endpoints.client().transfer_leader(to).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => client_error(e),
+    }
+}
