@@ -437,7 +437,7 @@ impl<S: SegmentSink> Flusher<S> {
         store: &crate::log_store::Inner,
         taken: &Taken,
         written: &Written,
-    ) -> (Vec<(Waiter, Result<(), String>)>, bool) {
+    ) -> (Ready, bool) {
         let mut ready = Vec::new();
         let mut room = false;
         let mut wal = store.wal.lock().expect("wal lock");
@@ -497,6 +497,9 @@ impl<S: SegmentSink> Flusher<S> {
         (ready, room)
     }
 }
+
+/// Waiters to complete after a round, with their outcome.
+type Ready = Vec<(Waiter, Result<(), String>)>;
 
 /// What a round took from the queue and the ring ([`Flusher::step`]).
 struct Taken {
