@@ -403,14 +403,6 @@ enum Cluster {
     Baseline(Vec<Raft>, Registry),
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind an ephemeral port")
-        .local_addr()
-        .expect("local address")
-        .port()
-}
-
 impl Cluster {
     /// Starts a 3-node cluster of `system` under `dir`; `ring_capacity`
     /// overrides ringraft's default ring size.
@@ -421,7 +413,8 @@ impl Cluster {
                 let addrs: BTreeMap<u64, String> = (1..=3)
                     .map(|id| {
                         let addr = if tcp {
-                            format!("127.0.0.1:{}", free_port())
+                            ringraft_testkit::ports::loopback_addr()
+                                .expect("bind an ephemeral port")
                         } else {
                             format!("node{id}")
                         };

@@ -341,38 +341,69 @@ impl<S: SegmentSink> Flusher<S> {
     /// of that number. `None` when the store is gone.
     pub fn step(&mut self) -> Option<Round> {
         let store = self.store.upgrade()?;
-        let (ops, number, copied_to, sync_requested) = {
-            let wal = store.wal.lock().expect("wal lock");
-            let mut q = self.shared.lock();
-            if q.failed.is_some() {
-                return Some(Round {
-                    entries: 0,
-                    bytes: 0,
-                    ops: 0,
-                    synced: false,
-                });
-            }
-            let ops: Vec<SegmentOp> = q.ops.drain(..).collect();
-            self.buf.clear();
-            let ring = wal.ring();
-            let last = ring.copy_records(q.cursor, MAX_FLUSH_BYTES, &mut self.buf);
-            let first = q.cursor;
-            if let Some(last) = last {
-                q.cursor = last + 1;
-            }
-            // The round covers every change so far only if it copied up to
-            // the ring's end; else the next round goes on from the cursor.
-            let complete = q.cursor >= ring.next_index();
-            let number = if complete { q.submitted } else { q.done };
-            let sync_requested = complete && std::mem::take(&mut q.sync_requested);
-            (ops, number, last.map(|l| (first, l)), sync_requested)
+        let Some(taken) = self.take(&store) else {
+            return Some(Round {
+                entries: 0,
+                bytes: 0,
+                ops: 0,
+                synced: false,
+            });
         };
-        let entries = copied_to.map_or(0, |(first, last)| last + 1 - first);
+        let entries = taken.copied_to.map_or(0, |(first, last)| last + 1 - first);
         let bytes = self.buf.len() as u64;
+        let written = self.write(&taken);
+        let synced = *written.result.as_ref().unwrap_or(&false);
+        let (ready, room) = self.settle(&store, &taken, &written);
+        for (waiter, result) in ready {
+            waiter.complete(result);
+        }
+        if room && let Some(notify) = &self.on_room {
+            notify();
+        }
+        Some(Round {
+            entries,
+            bytes,
+            ops: taken.ops.len(),
+            synced,
+        })
+    }
+
+    /// Under the locks: takes the queued operations and copies the ring's
+    /// new records into the buffer. `None` once the segment log failed.
+    fn take(&mut self, store: &crate::log_store::Inner) -> Option<Taken> {
+        let wal = store.wal.lock().expect("wal lock");
+        let mut q = self.shared.lock();
+        if q.failed.is_some() {
+            return None;
+        }
+        let ops: Vec<SegmentOp> = q.ops.drain(..).collect();
+        self.buf.clear();
+        let ring = wal.ring();
+        let last = ring.copy_records(q.cursor, MAX_FLUSH_BYTES, &mut self.buf);
+        let first = q.cursor;
+        if let Some(last) = last {
+            q.cursor = last + 1;
+        }
+        // The round covers every change so far only if it copied up to
+        // the ring's end; else the next round goes on from the cursor.
+        let complete = q.cursor >= ring.next_index();
+        let number = if complete { q.submitted } else { q.done };
+        let sync_requested = complete && std::mem::take(&mut q.sync_requested);
+        Some(Taken {
+            ops,
+            number,
+            copied_to: last.map(|l| (first, l)),
+            sync_requested,
+        })
+    }
+
+    /// Outside the locks: applies the operations, appends the buffer and
+    /// flushes when asked or in `fsync` durability.
+    fn write(&mut self, taken: &Taken) -> Written {
         let mut ops_done = 0;
         let mut appended = false;
         let result = (|| {
-            for op in &ops {
+            for op in &taken.ops {
                 match *op {
                     SegmentOp::TruncateAfter(last_kept) => self.sink.truncate_after(last_kept)?,
                     SegmentOp::RemoveBefore(first_kept) => self.sink.remove_before(first_kept)?,
@@ -383,84 +414,107 @@ impl<S: SegmentSink> Flusher<S> {
                 self.sink.append(&self.buf)?;
             }
             appended = true;
-            let sync = sync_requested
+            let sync = taken.sync_requested
                 || (self.durability == Durability::Fsync
-                    && (!self.buf.is_empty() || !ops.is_empty()));
+                    && (!self.buf.is_empty() || !taken.ops.is_empty()));
             if sync {
                 self.sink.sync()?;
             }
             Ok::<bool, WalError>(sync)
         })();
-        let synced = *result.as_ref().unwrap_or(&false);
+        Written {
+            result,
+            ops_done,
+            appended,
+        }
+    }
+
+    /// Under the locks again: records the outcome, gives ring room back,
+    /// and returns the waiters to complete (outside the locks) and whether
+    /// room was freed.
+    fn settle(
+        &self,
+        store: &crate::log_store::Inner,
+        taken: &Taken,
+        written: &Written,
+    ) -> (Ready, bool) {
         let mut ready = Vec::new();
         let mut room = false;
-        {
-            let mut wal = store.wal.lock().expect("wal lock");
-            let mut q = self.shared.lock();
-            match &result {
-                Ok(_) => {
-                    if let Some((_, last)) = copied_to {
-                        // Only what the segments hold in its current form: a
-                        // truncation since the copy moved the cursor back.
-                        let durable = last.min(q.cursor.saturating_sub(1));
-                        let ring = wal.ring_mut();
-                        if self.durability == Durability::Fsync
-                            && durable < ring.next_index()
-                            && durable >= ring.first_index()
-                        {
-                            ring.mark_acked(durable);
-                        }
-                        let keep = ring.geometry().capacity / KEEP_IN_RING_DIVISOR;
-                        if ring.used_bytes() > keep {
-                            room = ring.release_to_fit(keep, durable);
-                        }
+        let mut wal = store.wal.lock().expect("wal lock");
+        let mut q = self.shared.lock();
+        match &written.result {
+            Ok(_) => {
+                if let Some((_, last)) = taken.copied_to {
+                    // Only what the segments hold in its current form: a
+                    // truncation since the copy moved the cursor back.
+                    let durable = last.min(q.cursor.saturating_sub(1));
+                    let ring = wal.ring_mut();
+                    if self.durability == Durability::Fsync
+                        && durable < ring.next_index()
+                        && durable >= ring.first_index()
+                    {
+                        ring.mark_acked(durable);
                     }
-                    q.done = q.done.max(number);
-                    while q.waiters.front().is_some_and(|(n, _)| *n <= q.done) {
-                        let (_, waiter) = q.waiters.pop_front().expect("front exists");
-                        ready.push((waiter, Ok(())));
-                    }
-                    if let Some(was) = q.disk_full.take() {
-                        tracing::info!(was = %was, "the segment log has room again: appends are taken");
+                    let keep = ring.geometry().capacity / KEEP_IN_RING_DIVISOR;
+                    if ring.used_bytes() > keep {
+                        room = ring.release_to_fit(keep, durable);
                     }
                 }
-                // Nothing of the batch stays written (the segment log
-                // undoes it): the round is retried as it was, and its
-                // waiters keep waiting.
-                Err(e @ WalError::DiskFull { .. }) if !appended => {
-                    if q.disk_full.is_none() {
-                        tracing::warn!(error = %e, "disk full: appends are refused until space is freed");
-                    }
-                    q.disk_full = Some(e.to_string());
-                    for op in ops[ops_done..].iter().rev() {
-                        q.ops.push_front(*op);
-                    }
-                    if let Some((first, _)) = copied_to {
-                        q.cursor = q.cursor.min(first);
-                    }
-                    q.sync_requested |= sync_requested;
+                q.done = q.done.max(taken.number);
+                while q.waiters.front().is_some_and(|(n, _)| *n <= q.done) {
+                    let (_, waiter) = q.waiters.pop_front().expect("front exists");
+                    ready.push((waiter, Ok(())));
                 }
-                Err(e) => {
-                    let failed = format!("the segment log failed: {e}");
-                    tracing::error!(error = %e, "segment log I/O failed: appends stop being acknowledged");
-                    q.failed = Some(failed.clone());
-                    for (_, waiter) in q.waiters.drain(..) {
-                        ready.push((waiter, Err(failed.clone())));
-                    }
+                if let Some(was) = q.disk_full.take() {
+                    tracing::info!(was = %was, "the segment log has room again: appends are taken");
+                }
+            }
+            // Nothing of the batch stays written (the segment log
+            // undoes it): the round is retried as it was, and its
+            // waiters keep waiting.
+            Err(e @ WalError::DiskFull { .. }) if !written.appended => {
+                if q.disk_full.is_none() {
+                    tracing::warn!(error = %e, "disk full: appends are refused until space is freed");
+                }
+                q.disk_full = Some(e.to_string());
+                for op in taken.ops[written.ops_done..].iter().rev() {
+                    q.ops.push_front(*op);
+                }
+                if let Some((first, _)) = taken.copied_to {
+                    q.cursor = q.cursor.min(first);
+                }
+                q.sync_requested |= taken.sync_requested;
+            }
+            Err(e) => {
+                let failed = format!("the segment log failed: {e}");
+                tracing::error!(error = %e, "segment log I/O failed: appends stop being acknowledged");
+                q.failed = Some(failed.clone());
+                for (_, waiter) in q.waiters.drain(..) {
+                    ready.push((waiter, Err(failed.clone())));
                 }
             }
         }
-        for (waiter, result) in ready {
-            waiter.complete(result);
-        }
-        if room && let Some(notify) = &self.on_room {
-            notify();
-        }
-        Some(Round {
-            entries,
-            bytes,
-            ops: ops.len(),
-            synced,
-        })
+        (ready, room)
     }
+}
+
+/// Waiters to complete after a round, with their outcome.
+type Ready = Vec<(Waiter, Result<(), String>)>;
+
+/// What a round took from the queue and the ring ([`Flusher::step`]).
+struct Taken {
+    ops: Vec<SegmentOp>,
+    /// The change number the round completes.
+    number: u64,
+    /// The first and last index copied into the buffer.
+    copied_to: Option<(u64, u64)>,
+    sync_requested: bool,
+}
+
+/// What a round's write did: `Ok(synced)` or the error, how many operations
+/// were applied and whether the append was reached.
+struct Written {
+    result: Result<bool, WalError>,
+    ops_done: usize,
+    appended: bool,
 }

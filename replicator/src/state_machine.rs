@@ -381,6 +381,17 @@ fn store_file(dir: &Path, bytes: &[u8]) -> io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
+/// A batch sorted by [`Inner::apply_entries`]: the answers known so far
+/// (by position), the commands for the application (position, index, term,
+/// command), the sessions' seqs applied in this batch (to their position in
+/// `fresh`) and retries of those (position, position in `fresh`).
+struct Sorted<'a> {
+    answers: Vec<Option<Response>>,
+    fresh: Vec<(usize, u64, u64, &'a Command)>,
+    in_batch: HashMap<Session, usize>,
+    retries: Vec<(usize, usize)>,
+}
+
 impl Inner {
     /// Applies committed entries, in log order, and returns one answer per
     /// entry. Every new command goes to the application in one call; a
@@ -388,74 +399,119 @@ impl Inner {
     /// one that comes before its predecessor is answered out of order and
     /// not applied (module docs).
     fn apply_entries(&mut self, batch: &[Entry]) -> io::Result<Vec<Response>> {
-        let mut answers: Vec<Option<Response>> = Vec::with_capacity(batch.len());
-        // Commands for the application: (position in batch, index, term, command).
-        let mut fresh: Vec<(usize, u64, u64, &Command)> = Vec::new();
-        // Sessions' seqs applied in this batch -> position in `fresh`.
-        let mut in_batch: HashMap<Session, usize> = HashMap::new();
-        // Retries of a command applied in this batch: (position, position in `fresh`).
-        let mut retries: Vec<(usize, usize)> = Vec::new();
+        let mut sorted = Sorted {
+            answers: Vec::with_capacity(batch.len()),
+            fresh: Vec::new(),
+            in_batch: HashMap::new(),
+            retries: Vec::new(),
+        };
         for (k, entry) in batch.iter().enumerate() {
-            let index = entry.log_id.index;
-            let answer = match &entry.payload {
-                EntryPayload::Normal(Command {
-                    control: Some(Control::Trim { before }),
-                    ..
-                }) => {
-                    self.retention.trim(*before, index);
-                    Some(Response {
-                        index,
-                        data: self.retention.first.to_le_bytes().to_vec(),
-                        ..Response::default()
-                    })
+            let answer = self.sort_entry(k, entry, &mut sorted);
+            sorted.answers.push(answer);
+        }
+        let Sorted {
+            mut answers,
+            fresh,
+            retries,
+            ..
+        } = sorted;
+        self.apply_fresh(&fresh, &mut answers)?;
+        for (k, f) in retries {
+            let original = answers[fresh[f].0].clone().expect("answered above");
+            answers[k] = Some(Response {
+                duplicate: true,
+                ..original
+            });
+        }
+        if let Some(entry) = batch.last() {
+            self.last_applied = Some(entry.log_id);
+        }
+        self.publish();
+        Ok(answers
+            .into_iter()
+            .map(|a| a.expect("every entry answered"))
+            .collect())
+    }
+
+    /// The answer to entry `k` of a batch when it needs no application
+    /// call (a trim, a membership, a blank entry, a session's duplicate or
+    /// early seq); `None` for a command that goes to the application
+    /// (queued in `sorted.fresh`) or a retry of one in this batch.
+    fn sort_entry<'a>(
+        &mut self,
+        k: usize,
+        entry: &'a Entry,
+        sorted: &mut Sorted<'a>,
+    ) -> Option<Response> {
+        let index = entry.log_id.index;
+        match &entry.payload {
+            EntryPayload::Normal(Command {
+                control: Some(Control::Trim { before }),
+                ..
+            }) => {
+                self.retention.trim(*before, index);
+                Some(Response {
+                    index,
+                    data: self.retention.first.to_le_bytes().to_vec(),
+                    ..Response::default()
+                })
+            }
+            EntryPayload::Normal(cmd) => match cmd.session {
+                None => {
+                    let term = crate::types::term_of(&entry.log_id);
+                    sorted.fresh.push((k, index, term, cmd));
+                    None
                 }
-                EntryPayload::Normal(cmd) => match cmd.session {
-                    None => {
-                        fresh.push((k, index, crate::types::term_of(&entry.log_id), cmd));
+                Some(s) => match sorted.in_batch.get(&s) {
+                    Some(&f) => {
+                        self.retention.skipped.insert(index);
+                        sorted.retries.push((k, f));
                         None
                     }
-                    Some(s) => match in_batch.get(&s) {
-                        Some(&f) => {
-                            self.retention.skipped.insert(index);
-                            retries.push((k, f));
+                    None => match self.sessions.check(s.client_id, s.seq) {
+                        SeqCheck::Next => {
+                            self.sessions.record(s.client_id, s.seq, index);
+                            sorted.in_batch.insert(s, sorted.fresh.len());
+                            let term = crate::types::term_of(&entry.log_id);
+                            sorted.fresh.push((k, index, term, cmd));
                             None
                         }
-                        None => match self.sessions.check(s.client_id, s.seq) {
-                            SeqCheck::Next => {
-                                self.sessions.record(s.client_id, s.seq, index);
-                                in_batch.insert(s, fresh.len());
-                                fresh.push((k, index, crate::types::term_of(&entry.log_id), cmd));
-                                None
-                            }
-                            SeqCheck::Duplicate(answer) => {
-                                self.retention.skipped.insert(index);
-                                Some(answer)
-                            }
-                            SeqCheck::Early { expected } => {
-                                self.retention.skipped.insert(index);
-                                Some(Response {
-                                    index,
-                                    out_of_order: Some(expected),
-                                    ..Response::default()
-                                })
-                            }
-                        },
+                        SeqCheck::Duplicate(answer) => {
+                            self.retention.skipped.insert(index);
+                            Some(answer)
+                        }
+                        SeqCheck::Early { expected } => {
+                            self.retention.skipped.insert(index);
+                            Some(Response {
+                                index,
+                                out_of_order: Some(expected),
+                                ..Response::default()
+                            })
+                        }
                     },
                 },
-                EntryPayload::Membership(m) => {
-                    self.membership = StoredMembership::new(Some(entry.log_id), m.clone());
-                    Some(Response {
-                        index,
-                        ..Response::default()
-                    })
-                }
-                EntryPayload::Blank => Some(Response {
+            },
+            EntryPayload::Membership(m) => {
+                self.membership = StoredMembership::new(Some(entry.log_id), m.clone());
+                Some(Response {
                     index,
                     ..Response::default()
-                }),
-            };
-            answers.push(answer);
+                })
+            }
+            EntryPayload::Blank => Some(Response {
+                index,
+                ..Response::default()
+            }),
         }
+    }
+
+    /// Gives the batch's new commands to the application in one call and
+    /// fills in their answers (recorded in their sessions).
+    fn apply_fresh(
+        &mut self,
+        fresh: &[(usize, u64, u64, &Command)],
+        answers: &mut [Option<Response>],
+    ) -> io::Result<()> {
         let applied: Vec<Applied<'_>> = fresh
             .iter()
             .map(|&(_, index, term, cmd)| Applied {
@@ -486,21 +542,7 @@ impl Inner {
                 ..Response::default()
             });
         }
-        for (k, f) in retries {
-            let original = answers[fresh[f].0].clone().expect("answered above");
-            answers[k] = Some(Response {
-                duplicate: true,
-                ..original
-            });
-        }
-        if let Some(entry) = batch.last() {
-            self.last_applied = Some(entry.log_id);
-        }
-        self.publish();
-        Ok(answers
-            .into_iter()
-            .map(|a| a.expect("every entry answered"))
-            .collect())
+        Ok(())
     }
 
     fn build(&mut self) -> io::Result<(SnapshotMeta, Vec<u8>)> {

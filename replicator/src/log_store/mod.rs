@@ -26,21 +26,28 @@
 //! The vote lives in the metadata file. Whenever the term advances, the
 //! store first calls the [`RingGuard`] to revoke every remote write access
 //! to the ring (DESIGN.md, fencing), then saves the vote.
+//!
+//! This module owns the store (ring, metadata, adoptions, the flusher's
+//! queue); `codec` owns the entries' encoding and `storage` openraft's
+//! storage traits on top. It must never acknowledge an entry before its
+//! durability mode allows, nor save a higher term's vote before revoking.
 
 use std::fmt::Debug;
 use std::io;
-use std::ops::RangeBounds;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::future::BoxFuture;
-use openraft::OptionalSend;
-use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
-use ringraft_wal::{
-    AdoptRequest, EntryRef, Epoch, LogPos, PreparedAdoption, VoteRecord, Wal, WalError,
-};
+use ringraft_wal::{AdoptRequest, EntryRef, Epoch, PreparedAdoption, VoteRecord, Wal, WalError};
 
 use crate::flusher::{FlushShared, Flusher, SegmentOp, SegmentSink, Waiter};
 use crate::types::{Entry, LogId, TypeConfig, Vote, log_id, term_of};
+
+mod codec;
+mod storage;
+
+pub use codec::decode_entry;
+pub(crate) use codec::encode_payload;
+use codec::{io_err, pos, to_log_id};
 
 /// When an entry counts as stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -186,48 +193,6 @@ impl Debug for LogStore {
             .field("node_id", &self.inner.node_id)
             .finish_non_exhaustive()
     }
-}
-
-fn io_err(e: impl std::fmt::Display) -> io::Error {
-    io::Error::other(e.to_string())
-}
-
-pub(crate) fn encode_payload(
-    payload: &openraft::alias::PayloadOf<TypeConfig>,
-) -> io::Result<Vec<u8>> {
-    bincode::serde::encode_to_vec(payload, bincode::config::standard()).map_err(io_err)
-}
-
-/// Decodes a ring record's payload into an openraft entry.
-pub fn decode_entry(term: u64, index: u64, bytes: &[u8]) -> io::Result<Entry> {
-    let (payload, used): (openraft::alias::PayloadOf<TypeConfig>, usize) =
-        bincode::serde::decode_from_slice(bytes, bincode::config::standard()).map_err(|e| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("entry {index}: undecodable payload: {e}"),
-            )
-        })?;
-    if used != bytes.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("entry {index}: trailing bytes in the payload"),
-        ));
-    }
-    Ok(Entry {
-        log_id: log_id(term, index),
-        payload,
-    })
-}
-
-fn pos(log_id: &LogId) -> LogPos {
-    LogPos {
-        term: term_of(log_id),
-        index: log_id.index,
-    }
-}
-
-fn to_log_id(pos: LogPos) -> LogId {
-    log_id(pos.term, pos.index)
 }
 
 impl LogStore {
@@ -790,165 +755,5 @@ impl LogStore {
             }
         }
         self.append_local(entries).await
-    }
-}
-
-impl RaftLogReader<TypeConfig> for LogStore {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
-        &mut self,
-        range: RB,
-    ) -> Result<Vec<Entry>, io::Error> {
-        let start = match range.start_bound() {
-            std::ops::Bound::Included(i) => *i,
-            std::ops::Bound::Excluded(i) => i + 1,
-            std::ops::Bound::Unbounded => 0,
-        };
-        let end = match range.end_bound() {
-            std::ops::Bound::Included(i) => i.saturating_add(1),
-            std::ops::Bound::Excluded(i) => *i,
-            std::ops::Bound::Unbounded => u64::MAX,
-        };
-        self.read_entries(start, end)
-    }
-
-    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
-        Ok(self.wal().meta().vote.map(|v| {
-            let leader = v.voted_for.unwrap_or_default();
-            if v.committed {
-                Vote::new_committed(v.term, leader)
-            } else {
-                Vote::new(v.term, leader)
-            }
-        }))
-    }
-}
-
-impl RaftLogStorage<TypeConfig> for LogStore {
-    type LogReader = LogStore;
-
-    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
-        let wal = self.wal();
-        Ok(LogState {
-            last_purged_log_id: wal.last_purged().map(to_log_id),
-            last_log_id: wal.ring().last_log().or(wal.last_purged()).map(to_log_id),
-        })
-    }
-
-    async fn get_log_reader(&mut self) -> Self::LogReader {
-        self.clone()
-    }
-
-    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
-        let record = VoteRecord {
-            term: vote.leader_id.term,
-            voted_for: Some(vote.leader_id.voted_for),
-            committed: vote.committed,
-        };
-        let previous_term = self.wal().meta().vote.map(|v| v.term);
-        let term_advances = previous_term.is_none_or(|t| record.term > t);
-        if term_advances {
-            // Fencing: no remote writer keeps access across a term change.
-            self.inner.guard.revoke()?;
-        }
-        let store = self.clone();
-        tokio::task::spawn_blocking(move || store.store_meta(|wal| Some(wal.vote_meta(record))))
-            .await
-            .map_err(io_err)??;
-        if term_advances {
-            // Again once the vote is saved: a grant that checked the old
-            // vote while it was being saved rotated after the first
-            // revocation (grants refuse epochs below the vote's term).
-            self.inner.guard.revoke()?;
-        }
-        Ok(())
-    }
-
-    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
-        // A hint in the ring's control block, not fsynced: on restart it is
-        // only believed as far as the log reaches.
-        self.wal()
-            .ring()
-            .set_commit_hint(committed.map(|c| c.index));
-        Ok(())
-    }
-
-    async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
-        let wal = self.wal();
-        let ring = wal.ring();
-        let Some(hint) = ring.commit_hint() else {
-            return Ok(None);
-        };
-        let index = hint.min(ring.next_index().saturating_sub(1));
-        Ok(wal.term_of(index).map(|term| log_id(term, index)))
-    }
-
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: IOFlushed<TypeConfig>,
-    ) -> Result<(), io::Error>
-    where
-        I: IntoIterator<Item = Entry> + OptionalSend,
-        I::IntoIter: OptionalSend,
-    {
-        let entries: Vec<Entry> = entries.into_iter().collect();
-        let Some(last) = entries.last().map(|e| e.log_id.index) else {
-            callback.io_completed(Ok(()));
-            return Ok(());
-        };
-        if let Err(e) = self.append_entries(&entries).await {
-            callback.io_completed(Err(io::Error::new(e.kind(), e.to_string())));
-            return Err(e);
-        }
-        match self.inner.durability {
-            // In shared memory: survives a killed process. The flusher
-            // writes it to the segments later, unflushed.
-            Durability::Memory => {
-                self.wal().ring().mark_acked(last);
-                self.changed(None);
-                callback.io_completed(Ok(()));
-            }
-            // Acknowledged once the flusher's flush covers it.
-            Durability::Fsync => self.changed(Some(Waiter::Io(callback))),
-        }
-        Ok(())
-    }
-
-    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
-        // Whatever was prepared at the old tail no longer continues the
-        // log: it will not be committed in place (`append_entries` writes
-        // such entries locally).
-        for pending in self.adoptions().pending.values_mut() {
-            pending.clobbered = true;
-        }
-        // openraft's writes complete in order: the appends before this
-        // truncation complete first.
-        self.flushed().await?;
-        let done = {
-            let mut wal = self.wal();
-            wal.truncate_after(last_log_id.map(|l| pos(&l)))
-                .map_err(io_err)?;
-            self.queue_op(SegmentOp::TruncateAfter(last_log_id.map(|l| l.index)))
-        };
-        done.await.map_err(|_| io_err("the flusher stopped"))?
-    }
-
-    async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
-        // The purge point is stored durably first (the metadata file), so
-        // that the log never looks longer than it is after a crash.
-        let store = self.clone();
-        let upto = pos(&log_id);
-        let purged =
-            tokio::task::spawn_blocking(move || store.store_meta(|wal| wal.purge_meta(upto)))
-                .await
-                .map_err(io_err)??;
-        if purged {
-            let mut wal = self.wal();
-            wal.purge_ring(upto);
-            // Whole segments below go when the flusher gets to it; reads
-            // below the purge point are refused from now on.
-            drop(self.queue_op(SegmentOp::RemoveBefore(log_id.index + 1)));
-        }
-        Ok(())
     }
 }

@@ -1,0 +1,135 @@
+//! A node's configuration: [`NodeConfig`], the [`Fabric`] it runs on and
+//! the [`ReadConsistency`] a read asks for.
+//!
+//! Owns the plain data and its defaults; it must never open, start or
+//! validate against anything outside itself (that is [`super::start`]).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ringraft_transport::{ConnConfig, Device};
+
+use crate::log_store::Durability;
+use crate::protocol::MAX_MESSAGE_BYTES;
+
+/// Which fabric a node uses.
+#[derive(Clone, Debug)]
+pub enum Fabric {
+    /// The software RNIC over TCP.
+    Tcp,
+    /// A node of an in-process fabric (tests).
+    Inproc(ringraft_transport::inproc::Fabric),
+    /// A real RDMA device (the first active one when `None`).
+    Rdma {
+        /// Device name, e.g. `rxe0`.
+        device: Option<String>,
+    },
+    /// `rdma` when the build has it and a device is active, else `tcp`.
+    Auto {
+        /// Device name for rdma.
+        rdma_device: Option<String>,
+    },
+    /// A device opened by the caller (its node id and secret must be this
+    /// node's).
+    Device(Device),
+}
+
+/// A node's configuration.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// This node's id (at most 65535: it is packed into fence epochs).
+    pub id: u64,
+    /// The cluster's id; data directories and peers of another cluster are
+    /// refused.
+    pub cluster_id: u64,
+    /// The control-plane and fabric address (`host:port`; any name on the
+    /// inproc fabric).
+    pub listen: String,
+    /// The initial voters, by id and listen address (this node included),
+    /// used by [`Node::initialize`].
+    pub peers: BTreeMap<u64, String>,
+    /// Where the metadata file and the snapshot live (the ring's name is
+    /// kept there too).
+    pub data_dir: PathBuf,
+    /// The shared-memory directory the ring file lives in (default
+    /// `/dev/shm`; any tmpfs mount, see `ringraft_wal::shm`): a file there
+    /// survives the death of the process, not a reboot, and an RDMA device
+    /// can register it on every kernel.
+    pub ring_dir: PathBuf,
+    /// When an entry counts as stored.
+    pub durability: Durability,
+    /// Ring data area capacity, bytes (power of two, >= 1 MiB).
+    pub ring_capacity: u64,
+    /// Largest record payload, bytes.
+    pub max_record_bytes: u64,
+    /// Lock the ring in memory.
+    pub lock_memory: bool,
+    /// Election timeout range, milliseconds.
+    pub election_timeout_ms: (u64, u64),
+    /// Heartbeat interval, milliseconds.
+    pub heartbeat_ms: u64,
+    /// Take a snapshot every this many entries.
+    pub snapshot_every_entries: u64,
+    /// Entries kept in the log behind the last snapshot before openraft
+    /// purges it (whole segments below the purge point are deleted).
+    /// `u64::MAX` keeps the log until a trim ([`Node::trim`], or the
+    /// retention below) removes it: what a node whose log is its data
+    /// (the daemon) uses.
+    pub keep_after_snapshot: u64,
+    /// Retention by size: the leader trims the log ([`Node::trim`]) so that
+    /// the records kept take at most this many bytes of segments.
+    pub retain_bytes: Option<u64>,
+    /// Retention by age: the leader trims every closed segment last
+    /// written longer ago than this.
+    pub retain_age: Option<Duration>,
+    /// How long a proposal waits for room in a full ring before it is
+    /// refused with [`NodeError::Busy`], milliseconds (below the forwarding
+    /// timeout, 10 × the largest election timeout). See [`crate::admission`].
+    pub admission_wait_ms: u64,
+    /// Queue pair parameters of every connection.
+    pub conn: ConnConfig,
+}
+
+impl NodeConfig {
+    /// A configuration with defaults: memory durability, 64 MiB ring in
+    /// `/dev/shm`, 1 MiB records, 150..300 ms elections, 50 ms heartbeats.
+    pub fn new(id: u64, data_dir: impl Into<PathBuf>, listen: impl Into<String>) -> NodeConfig {
+        NodeConfig {
+            id,
+            cluster_id: 0x5249_4e47,
+            listen: listen.into(),
+            peers: BTreeMap::new(),
+            data_dir: data_dir.into(),
+            ring_dir: PathBuf::from(ringraft_wal::DEFAULT_RING_DIR),
+            durability: Durability::Memory,
+            ring_capacity: 64 << 20,
+            max_record_bytes: 1 << 20,
+            lock_memory: true,
+            election_timeout_ms: (150, 300),
+            heartbeat_ms: 50,
+            snapshot_every_entries: 10_000,
+            keep_after_snapshot: 100,
+            retain_bytes: None,
+            retain_age: None,
+            admission_wait_ms: 1000,
+            conn: ConnConfig {
+                max_message_bytes: MAX_MESSAGE_BYTES,
+                ..ConnConfig::default()
+            },
+        }
+    }
+}
+
+/// How a read is made consistent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadConsistency {
+    /// Linearizable: the leader confirms its leadership with a quorum
+    /// (ReadIndex), then the read waits until this node applied that far.
+    Linearizable,
+    /// Linearizable under the leader's lease (no quorum round trip; assumes
+    /// bounded clock drift).
+    Lease,
+    /// Whatever this node applied (may be stale).
+    Stale,
+}

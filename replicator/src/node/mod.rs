@@ -1,0 +1,151 @@
+//! The embedding API: a [`Node`] is one member of a ringraft cluster inside
+//! the application's process.
+//!
+//! ```no_run
+//! # async fn demo(sm: impl ringraft::StateMachine) -> Result<(), ringraft::NodeError> {
+//! use ringraft::{Fabric, NodeBuilder, NodeConfig, ReadConsistency};
+//! let mut config = NodeConfig::new(1, "/var/lib/app/raft", "10.0.0.1:7100");
+//! config.peers = [(1, "10.0.0.1:7100".into()), (2, "10.0.0.2:7100".into()), (3, "10.0.0.3:7100".into())].into();
+//! let node = NodeBuilder::new(config)
+//!     .fabric(Fabric::Auto { rdma_device: None })
+//!     .secret(b"a cluster secret of 16+ bytes".to_vec())
+//!     .state_machine(sm)
+//!     .start()
+//!     .await?;
+//! node.initialize().await?; // on one node, once
+//! let (index, answer) = node.propose(b"set x 1".to_vec()).await?;
+//! let value = node.read(ReadConsistency::Linearizable, |sm| sm.snapshot().len()).await?;
+//! node.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! Owns the [`Node`] handle and what it holds ([`Inner`]); each job lives
+//! in a module of its own: `config`, `error`, `start` (the builder),
+//! `propose`, `read`, `retention`, `membership`, `status`. It must
+//! never hold the protocol logic itself: that is openraft's, the log
+//! store's and the network's.
+
+use std::sync::Arc;
+
+use ringraft_transport::Device;
+
+use crate::admission::Admission;
+use crate::fencing::{FencedRing, NodeGuard};
+use crate::log_store::LogStore;
+use crate::metrics::Metrics;
+use crate::network::NetCtx;
+use crate::state_machine::SmStore;
+use crate::types::Raft;
+
+mod config;
+mod error;
+mod membership;
+mod propose;
+mod read;
+mod retention;
+mod start;
+mod status;
+
+pub(crate) use propose::propose_here;
+
+pub use config::{Fabric, NodeConfig, ReadConsistency};
+pub use error::NodeError;
+pub use read::{LogRead, LogRecord};
+pub use start::NodeBuilder;
+pub use status::Status;
+
+struct Inner {
+    config: NodeConfig,
+    listen_addr: String,
+    device: Device,
+    raft: Raft,
+    store: LogStore,
+    admission: Admission,
+    sm: SmStore,
+    ring: Arc<FencedRing>,
+    guard: NodeGuard,
+    metrics: Arc<Metrics>,
+    net_ctx: Arc<NetCtx>,
+    /// A connection to the leader, for forwarded proposals and read indexes.
+    leader_link: tokio::sync::Mutex<Option<(u64, crate::network::PeerNet)>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// A running member of a cluster. Clones share it.
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<Inner>,
+}
+
+impl Node {
+    /// This node's id.
+    pub fn id(&self) -> u64 {
+        self.inner.config.id
+    }
+
+    /// The address it listens on.
+    pub fn listen_addr(&self) -> &str {
+        &self.inner.listen_addr
+    }
+
+    /// The openraft handle (for what this API does not cover).
+    pub fn raft(&self) -> &Raft {
+        &self.inner.raft
+    }
+
+    /// The log store.
+    pub fn log_store(&self) -> &LogStore {
+        &self.inner.store
+    }
+
+    /// The admission gate in front of this node's proposals.
+    pub fn admission(&self) -> &Admission {
+        &self.inner.admission
+    }
+
+    /// Data-plane metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// How many times the ring's data rkey was rotated (term changes and
+    /// grants).
+    pub fn rkey_rotations(&self) -> u64 {
+        self.inner.ring.rotations()
+    }
+
+    /// How many times this node raised its own fence: (with a CPU CAS,
+    /// through the loopback connection).
+    pub fn self_fences(&self) -> (u64, u64) {
+        self.inner.guard.self_fences()
+    }
+
+    /// The fabric device.
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// Stops Raft and the fabric side gracefully: pending IO is flushed.
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.inner.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown");
+        }
+        for task in &self.inner.tasks {
+            task.abort();
+        }
+        // Everything in the ring reaches the segments, flushed, in either
+        // durability: a clean stop keeps the log through a reboot.
+        if let Err(e) = self.inner.store.flush_all().await {
+            tracing::warn!(error = %e, "final flush of the segments");
+        }
+        self.inner.ring.release();
+    }
+}

@@ -1,0 +1,293 @@
+//! Writes: proposals on this node's Raft ([`propose_here`]), forwarded to
+//! the leader when this node does not lead, and the session checks of
+//! their answers.
+//!
+//! Owns the one path by which client commands enter the log; it must never
+//! bypass admission (backpressure) or reorder the commands of a batch.
+
+use std::time::{Duration, Instant};
+
+use openraft::error::ClientWriteError;
+
+use super::{Node, NodeError};
+use crate::types::{Command, Raft, Response, Session, TypeConfig};
+
+/// Attempts of a proposal through leader changes.
+const FORWARD_ATTEMPTS: usize = 20;
+
+/// Proposes `commands` on this node's Raft as one batch and waits for each
+/// answer. The batch reaches the Raft core as one message
+/// (`Raft::client_write_many`), so a leader gives the commands consecutive
+/// log entries in this order; proposing them one by one, concurrently, let
+/// them land in any order (issue 10, item 3). The one place where client
+/// commands enter the log: the local write path and the leader's side of a
+/// forwarded proposal (`server.rs`) both come here.
+///
+/// # Errors
+/// [`Fatal`](openraft::error::Fatal) when Raft stopped. Each command's own
+/// outcome is in the vector; on a node that does not lead, every one is
+/// `ForwardToLeader`.
+pub(crate) async fn propose_here(
+    raft: &Raft,
+    admission: &crate::admission::Admission,
+    commands: Vec<Command>,
+) -> Result<Vec<Result<Response, ClientWriteError<TypeConfig>>>, NodeError> {
+    use futures::TryStreamExt;
+    let count = commands.len();
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    // Backpressure (crate::admission): room in this node's ring first, held
+    // until openraft has answered the whole batch.
+    let admitted = admission.admit(&commands).await?;
+    let raft = raft.clone();
+    let write = async move {
+        let mut answers = raft.client_write_many(commands).await?;
+        let mut results = Vec::with_capacity(count);
+        while let Some(result) = answers.try_next().await? {
+            results.push(result.map(|written| written.response));
+        }
+        Ok::<_, openraft::error::Fatal<TypeConfig>>(results)
+    };
+    let results = admitted
+        .during(write)
+        .await
+        .map_err(|fatal| NodeError::Stopped(fatal.to_string()))?;
+    assert_eq!(
+        results.len(),
+        count,
+        "openraft answers every command of a batch"
+    );
+    Ok(results)
+}
+
+/// session's tag and two varints, the data's length).
+const FORWARDED_COMMAND_OVERHEAD_BYTES: usize = 32;
+
+/// The longest prefix of `commands` (at least one) that one forwarded
+/// proposal carries: at most [`MAX_FORWARDED_COMMANDS`](crate::protocol::MAX_FORWARDED_COMMANDS)
+/// commands, within one control message.
+fn forward_piece(commands: &[Command]) -> &[Command] {
+    let mut bytes = 0usize;
+    let mut count = 0;
+    for command in commands
+        .iter()
+        .take(crate::protocol::MAX_FORWARDED_COMMANDS)
+    {
+        bytes = bytes.saturating_add(command.data.len() + FORWARDED_COMMAND_OVERHEAD_BYTES);
+        if count > 0 && bytes > crate::protocol::MAX_PART_BYTES {
+            break;
+        }
+        count += 1;
+    }
+    &commands[..count]
+}
+
+/// The answers to `commands`, or the first error: an unknown outcome, or a
+/// session's seq refused as out of order.
+fn settled(
+    commands: &[Command],
+    results: impl IntoIterator<Item = Result<Response, NodeError>>,
+) -> Result<Vec<Response>, NodeError> {
+    commands
+        .iter()
+        .zip(results)
+        .map(|(command, result)| {
+            let response = result?;
+            match (response.out_of_order, command.session) {
+                (None, _) => Ok(response),
+                (Some(expected), Some(s)) => Err(NodeError::OutOfOrder {
+                    client_id: s.client_id,
+                    seq: s.seq,
+                    expected,
+                }),
+                (Some(_), None) => Err(NodeError::Unknown(format!(
+                    "an out-of-order answer to a command without a session: {response}"
+                ))),
+            }
+        })
+        .collect()
+}
+
+impl Node {
+    /// Appends `data`, waits until it is committed and applied, and returns
+    /// its index and the state machine's answer. Concurrent proposals are
+    /// batched by openraft. On a follower the proposal is forwarded to the
+    /// leader; [`NodeError::NotLeader`] only when no leader can be reached.
+    /// A full ring makes it wait for room ([`crate::admission`]); after
+    /// [`NodeConfig::admission_wait_ms`] it fails with [`NodeError::Busy`]
+    /// (nothing was proposed: retry).
+    pub async fn propose(&self, data: Vec<u8>) -> Result<(u64, Vec<u8>), NodeError> {
+        let r = self.propose_batch(None, vec![data]).await?;
+        let r = r.into_iter().next().expect("one answer per record");
+        Ok((r.index, r.data))
+    }
+
+    /// Appends `data` in a client session: a retry with the same session is
+    /// answered with the original result instead of being applied again, and
+    /// a seq whose predecessor is not applied yet is refused with
+    /// [`NodeError::OutOfOrder`] (see [`Session`]).
+    pub async fn propose_in_session(
+        &self,
+        session: Session,
+        data: Vec<u8>,
+    ) -> Result<Response, NodeError> {
+        let r = self.propose_batch(Some(session), vec![data]).await?;
+        Ok(r.into_iter().next().expect("one answer per record"))
+    }
+
+    /// Appends `records` as one batch, waits until all are committed and
+    /// applied, and returns one answer per record, in order. The batch
+    /// reaches the Raft core as one message, so the records get consecutive
+    /// log indexes in this order (a batch forwarded by a follower travels in
+    /// pieces of at most [`MAX_FORWARDED_COMMANDS`](crate::protocol::MAX_FORWARDED_COMMANDS)
+    /// records and about one control message of bytes, each committed
+    /// before the next is sent: indexes then increase from piece to piece).
+    /// With `session`, record `k` carries seq `session.seq + k`: retries are
+    /// answered from the session table, and the records are applied only
+    /// in seq order after the session's earlier seqs.
+    ///
+    /// # Errors
+    /// [`NodeError::OutOfOrder`] when the session's earlier seqs were not
+    /// applied yet (records before the refused one may have been applied:
+    /// retry the whole batch with the same seqs); [`NodeError::Unknown`] when
+    /// the outcome is unknown (retry with the same session);
+    /// [`NodeError::NotLeader`] when no leader can be reached;
+    /// [`NodeError::Config`] for a seq below [`FIRST_SEQ`](crate::types::FIRST_SEQ)
+    /// or one that overflows.
+    pub async fn propose_batch(
+        &self,
+        session: Option<Session>,
+        records: Vec<Vec<u8>>,
+    ) -> Result<Vec<Response>, NodeError> {
+        let _in_flight = self.inner.metrics.proposals_in_flight.track();
+        if let Some(s) = session
+            && (s.seq < crate::types::FIRST_SEQ
+                || s.seq.checked_add(records.len() as u64).is_none())
+        {
+            return Err(NodeError::Config(format!(
+                "session seqs run from {} to u64::MAX; {} records from seq {} do not fit",
+                crate::types::FIRST_SEQ,
+                records.len(),
+                s.seq
+            )));
+        }
+        let commands: Vec<Command> = records
+            .into_iter()
+            .zip(0u64..)
+            .map(|(data, k)| Command {
+                session: session.map(|s| Session {
+                    client_id: s.client_id,
+                    seq: s.seq + k,
+                }),
+                data,
+                control: None,
+            })
+            .collect();
+        if commands.is_empty() {
+            return Ok(Vec::new());
+        }
+        let started = Instant::now();
+        let count = commands.len() as u64;
+        let responses = self.write_anywhere(commands).await?;
+        self.inner.metrics.commit_latency.observe(started.elapsed());
+        self.inner.metrics.proposals.inc_by(count);
+        Ok(responses)
+    }
+
+    /// Proposes `commands` here when this node leads, else forwards them to
+    /// the leader over the control plane (following leader changes a few
+    /// times); answers in the commands' order.
+    pub(super) async fn write_anywhere(
+        &self,
+        commands: Vec<Command>,
+    ) -> Result<Vec<Response>, NodeError> {
+        let mut answered: Vec<Response> = Vec::with_capacity(commands.len());
+        let mut last_error = None;
+        for _attempt in 0..FORWARD_ATTEMPTS {
+            let rest = &commands[answered.len()..];
+            let results =
+                propose_here(&self.inner.raft, &self.inner.admission, rest.to_vec()).await?;
+            let forward = match results.first() {
+                Some(Err(ClientWriteError::ForwardToLeader(f))) => f.clone(),
+                _ => {
+                    let results = results
+                        .into_iter()
+                        .map(|r| r.map_err(|e| NodeError::Unknown(e.to_string())));
+                    answered.extend(settled(rest, results)?);
+                    return Ok(answered);
+                }
+            };
+            let Some(leader) = forward.leader_id.filter(|l| *l != self.id()) else {
+                // No leader yet (or one just elected here): wait a bit.
+                last_error = Some(NodeError::NotLeader {
+                    leader_id: forward.leader_id,
+                    leader_addr: forward.leader_node.map(|n| n.addr),
+                });
+                tokio::time::sleep(Duration::from_millis(self.inner.config.heartbeat_ms)).await;
+                continue;
+            };
+            // Forward the rest in pieces that fit a control message, one
+            // after the other: each is applied before the next is sent, so
+            // the order holds.
+            while answered.len() < commands.len() {
+                let piece = forward_piece(&commands[answered.len()..]);
+                let request = crate::protocol::Request::Propose(piece.to_vec());
+                match self.leader_call(leader, request).await? {
+                    crate::protocol::Reply::Proposed(answers) if answers.len() == piece.len() => {
+                        let results = answers.into_iter().map(|a| a.map_err(NodeError::Unknown));
+                        answered.extend(settled(piece, results)?);
+                    }
+                    crate::protocol::Reply::NotLeader(_) => {
+                        last_error = Some(NodeError::NotLeader {
+                            leader_id: Some(leader),
+                            leader_addr: None,
+                        });
+                        tokio::time::sleep(Duration::from_millis(self.inner.config.heartbeat_ms))
+                            .await;
+                        break;
+                    }
+                    other => {
+                        return Err(NodeError::Unknown(format!("unexpected answer {other:?}")));
+                    }
+                }
+            }
+            if answered.len() == commands.len() {
+                return Ok(answered);
+            }
+        }
+        Err(last_error.unwrap_or(NodeError::NotLeader {
+            leader_id: None,
+            leader_addr: None,
+        }))
+    }
+
+    /// One request to the leader `leader` over the control plane.
+    pub(super) async fn leader_call(
+        &self,
+        leader: u64,
+        request: crate::protocol::Request,
+    ) -> Result<crate::protocol::Reply, NodeError> {
+        let addr = self
+            .status()
+            .members
+            .get(&leader)
+            .cloned()
+            .ok_or(NodeError::NotLeader {
+                leader_id: Some(leader),
+                leader_addr: None,
+            })?;
+        let mut link = self.inner.leader_link.lock().await;
+        if link.as_ref().is_none_or(|(id, _)| *id != leader) {
+            *link = Some((
+                leader,
+                crate::network::PeerNet::new(self.inner.net_ctx.clone(), leader, addr),
+            ));
+        }
+        let (_, net) = link.as_mut().expect("just set");
+        let ttl = Duration::from_millis(self.inner.config.election_timeout_ms.1 * 10);
+        net.call(&request, ttl)
+            .await
+            .map_err(|f| NodeError::Unknown(format!("forwarding to the leader {leader}: {f}")))
+    }
+}
