@@ -98,6 +98,88 @@ fn check(run_dir: &std::path::Path) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(2))
 }
 
+/// The run's faults, this binary's path and the `ringraft` binary's, or
+/// the exit code after saying what is wrong.
+fn run_inputs(
+    nemesis: &str,
+    ringraft_bin: Option<PathBuf>,
+) -> Result<(Vec<Fault>, PathBuf, PathBuf), ExitCode> {
+    let nemeses = match Fault::parse_list(nemesis) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("ringraft-jepsen: --nemesis: {e}");
+            return Err(ExitCode::from(2));
+        }
+    };
+    let jepsen_bin = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("ringraft-jepsen: where am I? {e}");
+            return Err(ExitCode::from(2));
+        }
+    };
+    // `ringraft` beside this binary unless --ringraft-bin says.
+    let ringraft_bin = match ringraft_testkit::process::ringraft_binary(ringraft_bin) {
+        Ok(path) => path,
+        Err(e) => {
+            eprintln!(
+                "ringraft-jepsen: no ringraft binary: {e} (build it, or pass --ringraft-bin)"
+            );
+            return Err(ExitCode::from(2));
+        }
+    };
+    Ok((nemeses, jepsen_bin, ringraft_bin))
+}
+
+/// Runs `config`, prints the summary, and checks the run unless
+/// `no_check`.
+fn run_and_check(config: RunConfig, no_check: bool) -> ExitCode {
+    let out = config.out.clone();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ringraft-jepsen: tokio: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match rt.block_on(runner::run(config)) {
+        Ok(summary) => {
+            println!("{}", runner::summary_json(&summary));
+        }
+        Err(e) => {
+            eprintln!("ringraft-jepsen: run failed: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    if no_check {
+        return ExitCode::SUCCESS;
+    }
+    check(&out)
+}
+
+/// Damages the tail of the ring in `data_dir` (`mode` corrupt or
+/// truncate).
+fn damage_tail(data_dir: &std::path::Path, mode: &str, seed: u64) -> ExitCode {
+    let damage = match mode {
+        "corrupt" => TailDamage::Corrupt,
+        "truncate" => TailDamage::Truncate,
+        other => {
+            eprintln!("ringraft-jepsen: --mode {other}: expected corrupt or truncate");
+            return ExitCode::from(2);
+        }
+    };
+    match ringraft_jepsen::tail::damage_tail(data_dir, damage, seed) {
+        Ok(what) => {
+            println!("{what}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ringraft-jepsen: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -115,29 +197,9 @@ fn main() -> ExitCode {
             converge_timeout,
             no_check,
         } => {
-            let nemeses = match Fault::parse_list(&nemesis) {
-                Ok(n) => n,
-                Err(e) => {
-                    eprintln!("ringraft-jepsen: --nemesis: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            let jepsen_bin = match std::env::current_exe() {
-                Ok(p) => p,
-                Err(e) => {
-                    eprintln!("ringraft-jepsen: where am I? {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            // `ringraft` beside this binary unless --ringraft-bin says.
-            let ringraft_bin = match ringraft_testkit::process::ringraft_binary(ringraft_bin) {
-                Ok(path) => path,
-                Err(e) => {
-                    eprintln!(
-                        "ringraft-jepsen: no ringraft binary: {e} (build it, or pass --ringraft-bin)"
-                    );
-                    return ExitCode::from(2);
-                }
+            let (nemeses, jepsen_bin, ringraft_bin) = match run_inputs(&nemesis, ringraft_bin) {
+                Ok(inputs) => inputs,
+                Err(code) => return code,
             };
             let config = RunConfig {
                 substrate,
@@ -153,51 +215,13 @@ fn main() -> ExitCode {
                 lab_sh: absolute(lab_sh),
                 converge_timeout: Duration::from_secs(converge_timeout),
             };
-            let rt = match tokio::runtime::Runtime::new() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("ringraft-jepsen: tokio: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            match rt.block_on(runner::run(config)) {
-                Ok(summary) => {
-                    println!("{}", runner::summary_json(&summary));
-                }
-                Err(e) => {
-                    eprintln!("ringraft-jepsen: run failed: {e}");
-                    return ExitCode::from(2);
-                }
-            }
-            if no_check {
-                return ExitCode::SUCCESS;
-            }
-            check(&out)
+            run_and_check(config, no_check)
         }
         Command::Check { run_dir } => check(&run_dir),
         Command::DamageTail {
             data_dir,
             mode,
             seed,
-        } => {
-            let damage = match mode.as_str() {
-                "corrupt" => TailDamage::Corrupt,
-                "truncate" => TailDamage::Truncate,
-                other => {
-                    eprintln!("ringraft-jepsen: --mode {other}: expected corrupt or truncate");
-                    return ExitCode::from(2);
-                }
-            };
-            match ringraft_jepsen::tail::damage_tail(&data_dir, damage, seed) {
-                Ok(what) => {
-                    println!("{what}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("ringraft-jepsen: {e}");
-                    ExitCode::from(1)
-                }
-            }
-        }
+        } => damage_tail(&data_dir, &mode, seed),
     }
 }

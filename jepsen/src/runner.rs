@@ -295,13 +295,44 @@ async fn run_on(
         planted_bug: config.planted_bug.clone(),
         started_at: rfc3339_now(),
     };
-    let path = out.join("run.json");
-    std::fs::write(
-        &path,
-        serde_json::to_vec_pretty(&info).map_err(|e| io(&path)(std::io::Error::other(e)))?,
-    )
-    .map_err(io(&path))?;
+    write_pretty_json(&out.join("run.json"), &info)?;
 
+    let slow = config.substrate == SubstrateKind::Softroce;
+    let (workload_stats, nemesis_stats) =
+        run_workload(config, out, &substrate, &nodes, slow).await?;
+    let converged = make_whole(config, &substrate, &nodes).await?;
+    let missing = collect_final_logs(out, &*substrate, &nodes, slow).await?;
+    let wal_check_status = check_wals(out, &substrate, &nodes).await?;
+    Ok(RunSummary {
+        out: out.to_path_buf(),
+        substrate: config.substrate,
+        nemeses: injected,
+        workload: workload_stats,
+        nemesis: nemesis_stats,
+        converged,
+        missing,
+        wal_check_status,
+    })
+}
+
+/// Writes `value` as pretty JSON to `path`.
+fn write_pretty_json(path: &Path, value: &impl serde::Serialize) -> Result<(), RunError> {
+    std::fs::write(
+        path,
+        serde_json::to_vec_pretty(value).map_err(|e| io(path)(std::io::Error::other(e)))?,
+    )
+    .map_err(io(path))
+}
+
+/// Runs the clients and the nemesis for the run's duration, recording the
+/// history in `out/history.jsonl`; returns what each did.
+async fn run_workload(
+    config: &RunConfig,
+    out: &Path,
+    substrate: &Arc<dyn Substrate>,
+    nodes: &[u64],
+    slow: bool,
+) -> Result<(WorkloadStats, NemesisStats), RunError> {
     let started = Instant::now();
     let history_path = out.join("history.jsonl");
     let history = Arc::new(
@@ -313,7 +344,6 @@ async fn run_on(
         .iter()
         .map(|id| substrate.client_endpoint(*id))
         .collect();
-    let slow = config.substrate == SubstrateKind::Softroce;
     let workload_config = WorkloadConfig {
         clients: config.clients,
         endpoints: endpoints.clone(),
@@ -350,32 +380,50 @@ async fn run_on(
         workload_stats.read_ok,
         workload_stats.read_fail
     );
+    Ok((workload_stats, nemesis_stats))
+}
 
-    // Make the cluster whole: heal, resume, restart, restore the membership.
-    blocking(&substrate, |s| s.heal()).await?;
-    for &id in &nodes {
-        let running = blocking(&substrate, move |s| s.is_running(id)).await;
+/// Makes the cluster whole: heal, resume, restart, restore the
+/// membership; returns whether the nodes then agreed within the run's
+/// convergence timeout.
+async fn make_whole(
+    config: &RunConfig,
+    substrate: &Arc<dyn Substrate>,
+    nodes: &[u64],
+) -> Result<bool, RunError> {
+    blocking(substrate, |s| s.heal()).await?;
+    for &id in nodes {
+        let running = blocking(substrate, move |s| s.is_running(id)).await;
         if running {
-            let _ = blocking(&substrate, move |s| s.resume(id)).await;
+            let _ = blocking(substrate, move |s| s.resume(id)).await;
         } else {
-            blocking(&substrate, move |s| s.start(id)).await?;
+            blocking(substrate, move |s| s.start(id)).await?;
         }
     }
     let settle = Instant::now() + config.converge_timeout;
-    restore_membership(&*substrate, settle).await;
-    let converged = wait_converged(&*substrate, settle).await;
+    restore_membership(&**substrate, settle).await;
+    let converged = wait_converged(&**substrate, settle).await;
     if !converged {
         eprintln!(
             "ringraft-jepsen: the nodes did not agree within {:?}; reading their logs anyway",
             config.converge_timeout
         );
     }
+    Ok(converged)
+}
 
-    // Final logs.
+/// Reads every node's final log into `out/final/<id>.jsonl`; returns the
+/// nodes that could not be read (also written to `out/final/missing.json`).
+async fn collect_final_logs(
+    out: &Path,
+    substrate: &dyn Substrate,
+    nodes: &[u64],
+    slow: bool,
+) -> Result<Vec<MissingNode>, RunError> {
     let final_dir = out.join("final");
     std::fs::create_dir_all(&final_dir).map_err(io(&final_dir))?;
     let mut missing = Vec::new();
-    for &id in &nodes {
+    for &id in nodes {
         let endpoint = substrate.client_endpoint(id);
         let mut client = Client::new(vec![endpoint], Duration::from_secs(5))
             .with_deadline(Duration::from_secs(if slow { 60 } else { 20 }));
@@ -399,21 +447,24 @@ async fn run_on(
         }
     }
     if !missing.is_empty() {
-        let path = final_dir.join("missing.json");
-        std::fs::write(
-            &path,
-            serde_json::to_vec_pretty(&missing).map_err(|e| io(&path)(std::io::Error::other(e)))?,
-        )
-        .map_err(io(&path))?;
+        write_pretty_json(&final_dir.join("missing.json"), &missing)?;
     }
+    Ok(missing)
+}
 
-    // Stop the nodes, check their rings.
+/// Stops the nodes and checks their rings, writing each check's output to
+/// `out/wal-check/n<id>.txt`; returns each node's exit status.
+async fn check_wals(
+    out: &Path,
+    substrate: &Arc<dyn Substrate>,
+    nodes: &[u64],
+) -> Result<Vec<(u64, i32)>, RunError> {
     let wal_dir = out.join("wal-check");
     std::fs::create_dir_all(&wal_dir).map_err(io(&wal_dir))?;
     let mut wal_check_status = Vec::new();
-    for &id in &nodes {
-        blocking(&substrate, move |s| s.stop(id)).await?;
-        let check = blocking(&substrate, move |s| s.wal_check(id)).await;
+    for &id in nodes {
+        blocking(substrate, move |s| s.stop(id)).await?;
+        let check = blocking(substrate, move |s| s.wal_check(id)).await;
         let (status, text) = match check {
             Ok(c) => (c.status, c.output),
             Err(e) => (-1, format!("could not run wal check: {e}\n")),
@@ -422,16 +473,7 @@ async fn run_on(
         std::fs::write(&path, format!("{text}\nexit status {status}\n")).map_err(io(&path))?;
         wal_check_status.push((id, status));
     }
-    Ok(RunSummary {
-        out: out.to_path_buf(),
-        substrate: config.substrate,
-        nemeses: injected,
-        workload: workload_stats,
-        nemesis: nemesis_stats,
-        converged,
-        missing,
-        wal_check_status,
-    })
+    Ok(wal_check_status)
 }
 
 /// Makes every node a voter again (a membership step cut short may have

@@ -124,6 +124,27 @@ fn new_client(k: u64, config: &WorkloadConfig) -> Client {
     Client::new(endpoints, config.per_endpoint).with_deadline(config.op_deadline)
 }
 
+/// One client's current session: its processes (one per record of a
+/// request; reads go through the first), the session's number, its
+/// connection, and the send order of its last record.
+struct Session {
+    processes: Vec<u64>,
+    id: u64,
+    client: Client,
+    seq: u64,
+}
+
+impl Session {
+    fn new(k: u64, config: &WorkloadConfig, shared: &Shared) -> Session {
+        Session {
+            processes: shared.new_processes(),
+            id: shared.next_session.fetch_add(1, Ordering::SeqCst),
+            client: new_client(k, config),
+            seq: 0,
+        }
+    }
+}
+
 async fn client_loop(
     k: u64,
     config: WorkloadConfig,
@@ -131,72 +152,13 @@ async fn client_loop(
 ) -> std::io::Result<WorkloadStats> {
     let mut rng = SplitMix64::new(config.seed ^ (k + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let mut stats = WorkloadStats::default();
-    // The processes of the current session, one per record of a request;
-    // reads go through the first.
-    let mut processes = shared.new_processes();
-    let mut session = shared.next_session.fetch_add(1, Ordering::SeqCst);
-    let mut client = new_client(k, &config);
-    let mut seq = 0u64;
+    let mut session = Session::new(k, &config, &shared);
     // Slack over the client's own deadline before the harness gives up.
     let hard_limit = config.op_deadline + Duration::from_secs(2);
     while !shared.stop.load(Ordering::SeqCst) {
         let roll = rng.below(10);
         if roll < 6 {
-            // (process, seq, data) of each record, in send order.
-            let records: Vec<(u64, u64, String)> = processes
-                .iter()
-                .map(|&process| {
-                    seq += 1;
-                    (process, seq, format!("c{k}-p{process}-{seq}"))
-                })
-                .collect();
-            for (process, seq, data) in &records {
-                shared.history.record(
-                    Event::append_invoke(0, *process, data.clone()).in_client(session, *seq),
-                )?;
-            }
-            let payload = records
-                .iter()
-                .map(|(_, _, data)| data.clone().into_bytes())
-                .collect();
-            let result = tokio::time::timeout(hard_limit, client.append(payload)).await;
-            match result {
-                Ok(Ok(indexes)) if indexes.len() == records.len() => {
-                    for ((process, seq, data), index) in records.into_iter().zip(indexes) {
-                        shared.max_acked_index.fetch_max(index, Ordering::SeqCst);
-                        shared.history.record(
-                            Event::append_completion(0, process, EventType::Ok, data, Some(index))
-                                .in_client(session, seq),
-                        )?;
-                        stats.append_ok += 1;
-                    }
-                }
-                other => {
-                    let error = match other {
-                        Ok(Ok(indexes)) => format!(
-                            "{} records appended, {} indexes answered",
-                            records.len(),
-                            indexes.len()
-                        ),
-                        Ok(Err(e)) => e.to_string(),
-                        Err(_) => format!("no answer within {hard_limit:?}"),
-                    };
-                    for (process, seq, data) in records {
-                        shared.history.record(
-                            Event::append_completion(0, process, EventType::Info, data, None)
-                                .in_client(session, seq)
-                                .with_error(error.clone()),
-                        )?;
-                        stats.append_info += 1;
-                    }
-                    // These processes are done (Jepsen's rule); new ones,
-                    // with a new session, take over.
-                    processes = shared.new_processes();
-                    session = shared.next_session.fetch_add(1, Ordering::SeqCst);
-                    client = new_client(k, &config);
-                    seq = 0;
-                }
-            }
+            append_once(k, &config, &shared, &mut session, hard_limit, &mut stats).await?;
         } else {
             let max = shared.max_acked_index.load(Ordering::SeqCst);
             let (from, to) = if roll < 8 {
@@ -205,63 +167,147 @@ async fn client_loop(
             } else {
                 (max.saturating_sub(TAIL_READ_BACK).max(1), None)
             };
-            let process = processes[0];
-            shared.history.record(Event::read_invoke(
-                0,
-                process,
-                from,
-                to,
-                Consistency::Linearizable,
-            ))?;
-            let result = tokio::time::timeout(
-                hard_limit,
-                client.read(from, to.unwrap_or(0), ApiConsistency::Linearizable),
-            )
-            .await;
-            match result {
-                Ok(Ok(records)) => {
-                    let records = records
-                        .into_iter()
-                        .map(|r| ReadRecord {
-                            index: r.index,
-                            data: String::from_utf8_lossy(&r.data).into_owned(),
-                        })
-                        .collect();
-                    shared.history.record(Event::read_completion(
-                        0,
-                        process,
-                        EventType::Ok,
-                        from,
-                        to,
-                        Consistency::Linearizable,
-                        Some(records),
-                    ))?;
-                    stats.read_ok += 1;
-                }
-                other => {
-                    let error = match other {
-                        Ok(Err(e)) => e.to_string(),
-                        _ => format!("no answer within {hard_limit:?}"),
-                    };
-                    shared.history.record(
-                        Event::read_completion(
-                            0,
-                            process,
-                            EventType::Fail,
-                            from,
-                            to,
-                            Consistency::Linearizable,
-                            None,
-                        )
-                        .with_error(error),
-                    )?;
-                    stats.read_fail += 1;
-                }
-            }
+            read_once(&shared, &mut session, (from, to), hard_limit, &mut stats).await?;
         }
         if !config.think.is_zero() {
             tokio::time::sleep(config.think).await;
         }
     }
     Ok(stats)
+}
+
+/// One append request of a record per process of `session`, each
+/// invocation and completion recorded. When the outcome is unknown, the
+/// processes are done (Jepsen's rule) and a new session takes over.
+async fn append_once(
+    k: u64,
+    config: &WorkloadConfig,
+    shared: &Shared,
+    session: &mut Session,
+    hard_limit: Duration,
+    stats: &mut WorkloadStats,
+) -> std::io::Result<()> {
+    // (process, seq, data) of each record, in send order.
+    let seq = &mut session.seq;
+    let records: Vec<(u64, u64, String)> = session
+        .processes
+        .iter()
+        .map(|&process| {
+            *seq += 1;
+            (process, *seq, format!("c{k}-p{process}-{seq}"))
+        })
+        .collect();
+    let id = session.id;
+    for (process, seq, data) in &records {
+        shared
+            .history
+            .record(Event::append_invoke(0, *process, data.clone()).in_client(id, *seq))?;
+    }
+    let payload = records
+        .iter()
+        .map(|(_, _, data)| data.clone().into_bytes())
+        .collect();
+    let result = tokio::time::timeout(hard_limit, session.client.append(payload)).await;
+    match result {
+        Ok(Ok(indexes)) if indexes.len() == records.len() => {
+            for ((process, seq, data), index) in records.into_iter().zip(indexes) {
+                shared.max_acked_index.fetch_max(index, Ordering::SeqCst);
+                shared.history.record(
+                    Event::append_completion(0, process, EventType::Ok, data, Some(index))
+                        .in_client(id, seq),
+                )?;
+                stats.append_ok += 1;
+            }
+        }
+        other => {
+            let error = match other {
+                Ok(Ok(indexes)) => format!(
+                    "{} records appended, {} indexes answered",
+                    records.len(),
+                    indexes.len()
+                ),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no answer within {hard_limit:?}"),
+            };
+            for (process, seq, data) in records {
+                shared.history.record(
+                    Event::append_completion(0, process, EventType::Info, data, None)
+                        .in_client(id, seq)
+                        .with_error(error.clone()),
+                )?;
+                stats.append_info += 1;
+            }
+            // These processes are done (Jepsen's rule); new ones,
+            // with a new session, take over.
+            *session = Session::new(k, config, shared);
+        }
+    }
+    Ok(())
+}
+
+/// One linearizable read of `from..to` (`to` `None`: to the tail) through
+/// the first process of `session`, its invocation and completion recorded.
+async fn read_once(
+    shared: &Shared,
+    session: &mut Session,
+    (from, to): (u64, Option<u64>),
+    hard_limit: Duration,
+    stats: &mut WorkloadStats,
+) -> std::io::Result<()> {
+    let process = session.processes[0];
+    shared.history.record(Event::read_invoke(
+        0,
+        process,
+        from,
+        to,
+        Consistency::Linearizable,
+    ))?;
+    let result = tokio::time::timeout(
+        hard_limit,
+        session
+            .client
+            .read(from, to.unwrap_or(0), ApiConsistency::Linearizable),
+    )
+    .await;
+    match result {
+        Ok(Ok(records)) => {
+            let records = records
+                .into_iter()
+                .map(|r| ReadRecord {
+                    index: r.index,
+                    data: String::from_utf8_lossy(&r.data).into_owned(),
+                })
+                .collect();
+            shared.history.record(Event::read_completion(
+                0,
+                process,
+                EventType::Ok,
+                from,
+                to,
+                Consistency::Linearizable,
+                Some(records),
+            ))?;
+            stats.read_ok += 1;
+        }
+        other => {
+            let error = match other {
+                Ok(Err(e)) => e.to_string(),
+                _ => format!("no answer within {hard_limit:?}"),
+            };
+            shared.history.record(
+                Event::read_completion(
+                    0,
+                    process,
+                    EventType::Fail,
+                    from,
+                    to,
+                    Consistency::Linearizable,
+                    None,
+                )
+                .with_error(error),
+            )?;
+            stats.read_fail += 1;
+        }
+    }
+    Ok(())
 }

@@ -26,11 +26,12 @@ use tokio::time::Instant;
 
 use crate::api::{AcceptPolicy, Device, DeviceConfig, DeviceKind};
 use crate::error::{Result, TransportError};
-use crate::soft::conn::{Frame, WireOut, wire};
+use crate::soft::conn::{Frame, Wire, WireOut, wire};
 use crate::soft::{Flavor, SoftConnection, SoftDevice, SoftListener};
 use crate::types::{AtomicCapability, ConnConfig};
 use crate::work::Done;
 
+#[derive(Clone)]
 struct ListenerEntry {
     device: Weak<SoftDevice>,
     node: String,
@@ -298,33 +299,22 @@ impl Fabric {
             op: format!("connect to {addr}"),
             source: std::io::ErrorKind::ConnectionRefused.into(),
         };
-        let (server, server_node, server_config, policy, accept_tx) = {
-            let listeners = self.inner.listeners.lock().expect("fabric listeners");
-            let entry = listeners.get(addr).ok_or_else(refused)?;
-            let server = entry.device.upgrade().ok_or_else(refused)?;
-            (
-                server,
-                entry.node.clone(),
-                entry.config.clone(),
-                entry.policy.clone(),
-                entry.tx.clone(),
-            )
-        };
+        let (
+            server,
+            ListenerEntry {
+                node: server_node,
+                config: server_config,
+                policy,
+                tx: accept_tx,
+                ..
+            },
+        ) = self.listener_at(addr).ok_or_else(refused)?;
         if accept_tx.is_closed() {
             return Err(refused());
         }
         let slot = device.reserve_connection()?;
-        // The handshake crosses the fabric too: it waits for the path.
-        let reachable = async {
-            self.wait_passes(client_node, &server_node).await;
-            self.wait_passes(&server_node, client_node).await;
-        };
-        tokio::time::timeout(config.handshake_timeout, reachable)
-            .await
-            .map_err(|_| TransportError::Timeout {
-                what: format!("connect to {addr} (unreachable)"),
-                after_ms: config.handshake_timeout.as_millis() as u64,
-            })?;
+        self.wait_reachable(client_node, &server_node, addr, &config)
+            .await?;
         let (mut client_end, mut server_end) = tokio::io::duplex(64 << 10);
         let client_name = format!("{client_node} (inproc)");
         let server_task = {
@@ -354,15 +344,7 @@ impl Fabric {
         };
         let (client_info, server_endpoint) = client_result?;
 
-        let (client_wire, client_out, client_in) = wire();
-        let (server_wire, server_out, server_in) = wire();
-        let c2s = self.pump(client_node, &server_node, client_out, server_in.clone());
-        let s2c = self.pump(&server_node, client_node, server_out, client_in.clone());
-        self.inner
-            .links
-            .lock()
-            .expect("fabric links")
-            .push((c2s, s2c));
+        let (client_wire, server_wire) = self.link(client_node, &server_node);
         let server_conn = server.start(
             format!("{client_node} (inproc)"),
             server_config,
@@ -382,6 +364,54 @@ impl Fabric {
             client_wire,
             slot,
         ))
+    }
+
+    /// The device listening at `addr` and its listener, if it still lives.
+    fn listener_at(&self, addr: &str) -> Option<(Arc<SoftDevice>, ListenerEntry)> {
+        let listeners = self.inner.listeners.lock().expect("fabric listeners");
+        let entry = listeners.get(addr)?;
+        let server = entry.device.upgrade()?;
+        Some((server, entry.clone()))
+    }
+
+    /// Waits until the fabric passes frames both ways between
+    /// `client_node` and `server_node` (the handshake crosses the fabric
+    /// too), within the handshake timeout of `config`.
+    async fn wait_reachable(
+        &self,
+        client_node: &str,
+        server_node: &str,
+        addr: &str,
+        config: &ConnConfig,
+    ) -> Result<()> {
+        // The handshake crosses the fabric too: it waits for the path.
+        let reachable = async {
+            self.wait_passes(client_node, server_node).await;
+            self.wait_passes(server_node, client_node).await;
+        };
+        tokio::time::timeout(config.handshake_timeout, reachable)
+            .await
+            .map_err(|_| TransportError::Timeout {
+                what: format!("connect to {addr} (unreachable)"),
+                after_ms: config.handshake_timeout.as_millis() as u64,
+            })?;
+        Ok(())
+    }
+
+    /// The wires of a new connection between `client_node` and
+    /// `server_node` (client's, server's), with the fabric's pumps between
+    /// them.
+    fn link(&self, client_node: &str, server_node: &str) -> (Wire, Wire) {
+        let (client_wire, client_out, client_in) = wire();
+        let (server_wire, server_out, server_in) = wire();
+        let c2s = self.pump(client_node, server_node, client_out, server_in.clone());
+        let s2c = self.pump(server_node, client_node, server_out, client_in.clone());
+        self.inner
+            .links
+            .lock()
+            .expect("fabric links")
+            .push((c2s, s2c));
+        (client_wire, server_wire)
     }
 
     /// Starts moving frames from `from`'s queue pair to `to`'s, with the

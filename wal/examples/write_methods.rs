@@ -178,60 +178,9 @@ fn writer(method: Method, size: usize, iters: usize, dir: &Path) -> Box<dyn FnMu
     let total = (iters * size.next_multiple_of(BLOCK)) as u64;
     match method {
         Method::Grow | Method::Falloc | Method::Zeroed => {
-            let file = match method {
-                Method::Grow => fresh(&path, 0),
-                Method::Falloc => {
-                    let file = fresh(&path, 0);
-                    // SAFETY: a plain syscall on an fd we own.
-                    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, total as i64) };
-                    assert_eq!(rc, 0, "fallocate");
-                    file.sync_all().unwrap();
-                    file
-                }
-                _ => {
-                    fill_zeroes(&path, total);
-                    OpenOptions::new().write(true).open(&path).unwrap()
-                }
-            };
-            Box::new(move |i| {
-                file.write_all_at(&payload, (i * size) as u64).unwrap();
-                file.sync_data().unwrap();
-            })
+            positioned_writer(method, &path, payload, size, total)
         }
-        Method::ZeroAhead => {
-            const AHEAD: u64 = 1 << 20;
-            let file = fresh(&path, 0);
-            // SAFETY: a plain syscall on an fd we own.
-            let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, (total + AHEAD) as i64) };
-            assert_eq!(rc, 0, "fallocate");
-            file.sync_all().unwrap();
-            let zeroes = vec![0u8; AHEAD as usize];
-            let mut zeroed_to = 0u64;
-            Box::new(move |i| {
-                let at = (i * size) as u64;
-                let end = at + size as u64;
-                let mut parts: Vec<&[u8]> = vec![&payload];
-                if end > zeroed_to {
-                    let to = end.next_multiple_of(AHEAD);
-                    parts.push(&zeroes[..(to - end) as usize]);
-                    zeroed_to = to;
-                }
-                let slices: Vec<std::io::IoSlice<'_>> =
-                    parts.iter().map(|p| std::io::IoSlice::new(p)).collect();
-                // SAFETY: IoSlice is ABI-compatible with iovec; the buffers
-                // live through the call.
-                let n = unsafe {
-                    libc::pwritev(
-                        file.as_raw_fd(),
-                        slices.as_ptr().cast(),
-                        slices.len() as i32,
-                        at as i64,
-                    )
-                };
-                assert_eq!(n as usize, parts.iter().map(|p| p.len()).sum::<usize>());
-                file.sync_data().unwrap();
-            })
-        }
+        Method::ZeroAhead => zero_ahead_writer(&path, payload, size, total),
         Method::Dsync => {
             fill_zeroes(&path, total);
             let file = OpenOptions::new()
@@ -241,91 +190,178 @@ fn writer(method: Method, size: usize, iters: usize, dir: &Path) -> Box<dyn FnMu
                 .unwrap();
             Box::new(move |i| file.write_all_at(&payload, (i * size) as u64).unwrap())
         }
-        Method::Direct => {
-            fill_zeroes(&path, total);
-            let file = OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
-                .open(&path)
-                .unwrap();
-            let block = size.next_multiple_of(BLOCK);
-            let buf = Aligned::new(block);
-            Box::new(move |i| {
-                file.write_all_at(buf.as_slice(), (i * block) as u64)
-                    .unwrap()
-            })
-        }
+        Method::Direct => direct_writer(&path, size, total),
         #[cfg(feature = "io-uring-bench")]
-        Method::Uring => {
-            use io_uring::{IoUring, opcode, squeue, types};
-            fill_zeroes(&path, total);
-            let file = OpenOptions::new().write(true).open(&path).unwrap();
-            let mut ring = IoUring::new(8).unwrap();
-            Box::new(move |i| {
-                // The closure owns the file, so its fd stays open.
-                let fd = types::Fd(file.as_raw_fd());
-                let write = opcode::Write::new(fd, payload.as_ptr(), size as u32)
-                    .offset((i * size) as u64)
-                    .build()
-                    .flags(squeue::Flags::IO_LINK)
-                    .user_data(1);
-                let sync = opcode::Fsync::new(fd)
-                    .flags(types::FsyncFlags::DATASYNC)
-                    .build()
-                    .user_data(2);
-                // SAFETY: the payload outlives the submission: we wait for
-                // both completions before returning.
-                unsafe {
-                    let mut queue = ring.submission();
-                    queue.push(&write).unwrap();
-                    queue.push(&sync).unwrap();
-                }
-                ring.submit_and_wait(2).unwrap();
-                for completion in ring.completion() {
-                    assert!(
-                        completion.result() >= 0,
-                        "io_uring op failed: {}",
-                        completion.result()
-                    );
-                }
-            })
-        }
-        Method::SegLog | Method::SegLogNoZero => {
-            let log_dir = dir.join(format!("write-methods-{size}-{method:?}.d"));
-            let _ = std::fs::remove_dir_all(&log_dir);
-            let config = SegmentConfig {
-                max_record_bytes: 1 << 20,
-                zero_ahead_bytes: if method == Method::SegLog { 1 << 20 } else { 0 },
-                ..SegmentConfig::new(1, 1)
-            };
-            let (mut log, _) = SegmentLog::open(RealDisk, &log_dir, config, None).unwrap();
-            let epoch = Epoch::new(1, 1).unwrap();
-            let capacity = 1u64 << 40;
-            let mut encoder =
-                RecordEncoder::new(capacity, 0, ChainTip::after(None), epoch).unwrap();
-            let body = vec![0xA5u8; size.saturating_sub(64)];
-            let batches: Vec<Vec<u8>> = (0..iters)
-                .map(|i| {
-                    let mut buf = WriteBuffer::new(capacity, encoder.next_lsn()).unwrap();
-                    encoder
-                        .push(
-                            &mut buf,
-                            &EntryRef {
-                                term: 1,
-                                index: i as u64,
-                                payload: &body,
-                            },
-                        )
-                        .unwrap();
-                    buf.segments()[0].bytes.clone()
-                })
-                .collect();
-            Box::new(move |i| {
-                log.append(&[&batches[i]]).unwrap();
-                log.sync().unwrap();
-            })
-        }
+        Method::Uring => uring_writer(&path, payload, size, total),
+        Method::SegLog | Method::SegLogNoZero => segment_log_writer(method, size, iters, dir),
     }
+}
+
+/// `Grow`, `Falloc` and `Zeroed`: a positioned write and `fdatasync`
+/// into a file grown by the writes, preallocated, or filled with zeroes.
+fn positioned_writer(
+    method: Method,
+    path: &Path,
+    payload: Vec<u8>,
+    size: usize,
+    total: u64,
+) -> Box<dyn FnMut(usize)> {
+    let file = match method {
+        Method::Grow => fresh(path, 0),
+        Method::Falloc => {
+            let file = fresh(path, 0);
+            // SAFETY: a plain syscall on an fd we own.
+            let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, total as i64) };
+            assert_eq!(rc, 0, "fallocate");
+            file.sync_all().unwrap();
+            file
+        }
+        _ => {
+            fill_zeroes(path, total);
+            OpenOptions::new().write(true).open(path).unwrap()
+        }
+    };
+    Box::new(move |i| {
+        file.write_all_at(&payload, (i * size) as u64).unwrap();
+        file.sync_data().unwrap();
+    })
+}
+
+/// `ZeroAhead`: a preallocated file, each write carrying zeroes up to the
+/// next MiB boundary when it passes the zeroed region.
+fn zero_ahead_writer(
+    path: &Path,
+    payload: Vec<u8>,
+    size: usize,
+    total: u64,
+) -> Box<dyn FnMut(usize)> {
+    const AHEAD: u64 = 1 << 20;
+    let file = fresh(path, 0);
+    // SAFETY: a plain syscall on an fd we own.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, (total + AHEAD) as i64) };
+    assert_eq!(rc, 0, "fallocate");
+    file.sync_all().unwrap();
+    let zeroes = vec![0u8; AHEAD as usize];
+    let mut zeroed_to = 0u64;
+    Box::new(move |i| {
+        let at = (i * size) as u64;
+        let end = at + size as u64;
+        let mut parts: Vec<&[u8]> = vec![&payload];
+        if end > zeroed_to {
+            let to = end.next_multiple_of(AHEAD);
+            parts.push(&zeroes[..(to - end) as usize]);
+            zeroed_to = to;
+        }
+        let slices: Vec<std::io::IoSlice<'_>> =
+            parts.iter().map(|p| std::io::IoSlice::new(p)).collect();
+        // SAFETY: IoSlice is ABI-compatible with iovec; the buffers
+        // live through the call.
+        let n = unsafe {
+            libc::pwritev(
+                file.as_raw_fd(),
+                slices.as_ptr().cast(),
+                slices.len() as i32,
+                at as i64,
+            )
+        };
+        assert_eq!(n as usize, parts.iter().map(|p| p.len()).sum::<usize>());
+        file.sync_data().unwrap();
+    })
+}
+
+/// `Direct`: `O_DIRECT | O_DSYNC` writes of block-aligned buffers.
+fn direct_writer(path: &Path, size: usize, total: u64) -> Box<dyn FnMut(usize)> {
+    fill_zeroes(path, total);
+    let file = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
+        .open(path)
+        .unwrap();
+    let block = size.next_multiple_of(BLOCK);
+    let buf = Aligned::new(block);
+    Box::new(move |i| {
+        file.write_all_at(buf.as_slice(), (i * block) as u64)
+            .unwrap()
+    })
+}
+
+/// `Uring`: a write linked to an `fdatasync` through io_uring.
+#[cfg(feature = "io-uring-bench")]
+fn uring_writer(path: &Path, payload: Vec<u8>, size: usize, total: u64) -> Box<dyn FnMut(usize)> {
+    use io_uring::{IoUring, opcode, squeue, types};
+    fill_zeroes(path, total);
+    let file = OpenOptions::new().write(true).open(path).unwrap();
+    let mut ring = IoUring::new(8).unwrap();
+    Box::new(move |i| {
+        // The closure owns the file, so its fd stays open.
+        let fd = types::Fd(file.as_raw_fd());
+        let write = opcode::Write::new(fd, payload.as_ptr(), size as u32)
+            .offset((i * size) as u64)
+            .build()
+            .flags(squeue::Flags::IO_LINK)
+            .user_data(1);
+        let sync = opcode::Fsync::new(fd)
+            .flags(types::FsyncFlags::DATASYNC)
+            .build()
+            .user_data(2);
+        // SAFETY: the payload outlives the submission: we wait for
+        // both completions before returning.
+        unsafe {
+            let mut queue = ring.submission();
+            queue.push(&write).unwrap();
+            queue.push(&sync).unwrap();
+        }
+        ring.submit_and_wait(2).unwrap();
+        for completion in ring.completion() {
+            assert!(
+                completion.result() >= 0,
+                "io_uring op failed: {}",
+                completion.result()
+            );
+        }
+    })
+}
+
+/// `SegLog` and `SegLogNoZero`: [`SegmentLog::append`] and `sync` of one
+/// pre-encoded record, with or without zeroes ahead.
+fn segment_log_writer(
+    method: Method,
+    size: usize,
+    iters: usize,
+    dir: &Path,
+) -> Box<dyn FnMut(usize)> {
+    let log_dir = dir.join(format!("write-methods-{size}-{method:?}.d"));
+    let _ = std::fs::remove_dir_all(&log_dir);
+    let config = SegmentConfig {
+        max_record_bytes: 1 << 20,
+        zero_ahead_bytes: if method == Method::SegLog { 1 << 20 } else { 0 },
+        ..SegmentConfig::new(1, 1)
+    };
+    let (mut log, _) = SegmentLog::open(RealDisk, &log_dir, config, None).unwrap();
+    let epoch = Epoch::new(1, 1).unwrap();
+    let capacity = 1u64 << 40;
+    let mut encoder = RecordEncoder::new(capacity, 0, ChainTip::after(None), epoch).unwrap();
+    let body = vec![0xA5u8; size.saturating_sub(64)];
+    let batches: Vec<Vec<u8>> = (0..iters)
+        .map(|i| {
+            let mut buf = WriteBuffer::new(capacity, encoder.next_lsn()).unwrap();
+            encoder
+                .push(
+                    &mut buf,
+                    &EntryRef {
+                        term: 1,
+                        index: i as u64,
+                        payload: &body,
+                    },
+                )
+                .unwrap();
+            buf.segments()[0].bytes.clone()
+        })
+        .collect();
+    Box::new(move |i| {
+        log.append(&[&batches[i]]).unwrap();
+        log.sync().unwrap();
+    })
 }
 
 fn percentile(sorted: &[u64], p: f64) -> f64 {

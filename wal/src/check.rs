@@ -239,102 +239,83 @@ pub fn check(dir: &Path) -> Result<CheckReport> {
     let ring_path = crate::shm::ring_path(dir)?;
     let file = match File::open(&ring_path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let segment_dir = dir.join(SEGMENT_DIR);
-            if !segment_dir.is_dir() {
-                return Err(WalError::RingGone {
-                    dir: dir.to_path_buf(),
-                    ring: ring_path,
-                });
-            }
-            // After a reboot: the segments are the log.
-            let segments = check_segments(
-                &crate::disk::RealDisk,
-                &segment_dir,
-                meta.cluster_id,
-                meta.node_id,
-                None,
-            )?;
-            let purged = meta.purged.map(|p| p.log);
-            let last = crate::ring::durable_end(segments.last, purged);
-            return Ok(CheckReport {
-                dir: dir.to_path_buf(),
-                ring: ring_path,
-                ring_present: false,
-                header: RingHeader {
-                    capacity: 0,
-                    cluster_id: meta.cluster_id,
-                    node_id: meta.node_id,
-                    incarnation: 0,
-                },
-                fence: Epoch::ZERO,
-                head_word: 0,
-                commit_hint: None,
-                acked: None,
-                start_lsn: 0,
-                first_index: segments.first_index.max(purged.map_or(0, |p| p.index + 1)),
-                last,
-                entries: 0,
-                end_lsn: 0,
-                stop: None,
-                damage: Damage::None,
-                segments: Some(segments),
-                meta,
-            });
+            return check_without_ring(dir, meta, ring_path);
         }
         opened => opened.map_err(WalError::io("open", &ring_path))?,
     };
-    let mut control = vec![0u8; CONTROL_BLOCK_BYTES];
-    file.read_exact_at(&mut control, 0)
-        .map_err(WalError::io("read control block", &ring_path))?;
-    let header = RingHeader::decode(&control).map_err(|source| WalError::Layout {
-        path: ring_path.clone(),
-        source,
-    })?;
-    meta.check_identity(&meta_path, header.cluster_id, header.node_id)?;
-    let total = CONTROL_BLOCK_BYTES as u64 + header.capacity;
-    let size = file
-        .metadata()
-        .map_err(WalError::io("stat", &ring_path))?
-        .len();
-    if size != total {
-        return Err(WalError::Inconsistent {
-            path: ring_path,
-            what: format!("file is {size} bytes, its header says {total}"),
+    check_with_ring(dir, meta, &meta_path, ring_path, &file)
+}
+
+/// The report when the ring file is gone: after a reboot the segments are
+/// the log; without a segment folder either, the ring is gone.
+fn check_without_ring(dir: &Path, meta: Meta, ring_path: PathBuf) -> Result<CheckReport> {
+    let segment_dir = dir.join(SEGMENT_DIR);
+    if !segment_dir.is_dir() {
+        return Err(WalError::RingGone {
+            dir: dir.to_path_buf(),
+            ring: ring_path,
         });
     }
-    let len = usize::try_from(total)
-        .map_err(|_| WalError::Config(format!("ring of {total} bytes does not fit in memory")))?;
-    // SAFETY: a read-only mapping of a file that the checker does not change;
-    // the caller checks a directory no running node owns (offline).
-    let map = unsafe { MmapOptions::new().len(len).map(&file) }
-        .map_err(WalError::io("mmap", &ring_path))?;
-    let fence = Epoch(le_u64(&control[FENCE_OFFSET..]));
-    let head_word = le_u64(&control[HEAD_OFFSET..]);
-    let acked = decode_index_word(le_u64(&control[ACKED_OFFSET..]));
-    let commit_hint = decode_index_word(le_u64(&control[COMMIT_OFFSET..]));
-    for (field, index) in [
-        ("acknowledged watermark", acked),
-        ("commit hint", commit_hint),
-    ] {
-        if let Some(index) = index {
-            check_index(field, index).map_err(|source| WalError::Layout {
-                path: ring_path.clone(),
-                source,
-            })?;
-        }
-    }
-    // The ring is scanned from its head word, like recovery does: what lies
-    // before it is in the segments.
-    if head_word > crate::layout::MAX_LSN {
-        return Err(WalError::Layout {
-            path: ring_path,
-            source: crate::error::LayoutError::OutOfRange {
-                field: "head",
-                value: head_word,
-                rule: "an lsn is at most MAX_LSN",
-            },
-        });
-    }
+    // After a reboot: the segments are the log.
+    let segments = check_segments(
+        &crate::disk::RealDisk,
+        &segment_dir,
+        meta.cluster_id,
+        meta.node_id,
+        None,
+    )?;
+    let purged = meta.purged.map(|p| p.log);
+    let last = crate::ring::durable_end(segments.last, purged);
+    Ok(CheckReport {
+        dir: dir.to_path_buf(),
+        ring: ring_path,
+        ring_present: false,
+        header: RingHeader {
+            capacity: 0,
+            cluster_id: meta.cluster_id,
+            node_id: meta.node_id,
+            incarnation: 0,
+        },
+        fence: Epoch::ZERO,
+        head_word: 0,
+        commit_hint: None,
+        acked: None,
+        start_lsn: 0,
+        first_index: segments.first_index.max(purged.map_or(0, |p| p.index + 1)),
+        last,
+        entries: 0,
+        end_lsn: 0,
+        stop: None,
+        damage: Damage::None,
+        segments: Some(segments),
+        meta,
+    })
+}
+
+/// The words of the ring's control block after its header, each checked.
+struct ControlWords {
+    fence: Epoch,
+    head_word: u64,
+    acked: Option<u64>,
+    commit_hint: Option<u64>,
+}
+
+/// The report for a directory whose ring file is there (`file`): the ring
+/// scanned from its head word, with the segments (if any) below it.
+fn check_with_ring(
+    dir: &Path,
+    meta: Meta,
+    meta_path: &Path,
+    ring_path: PathBuf,
+    file: &File,
+) -> Result<CheckReport> {
+    let (control, header, map) = map_ring(file, &meta, meta_path, &ring_path)?;
+    let ControlWords {
+        fence,
+        head_word,
+        acked,
+        commit_hint,
+    } = control_words(&control, &ring_path)?;
     let start_lsn = head_word;
     let purged = meta.purged.map(|p| p.log);
     let segment_dir = dir.join(SEGMENT_DIR);
@@ -374,21 +355,7 @@ pub fn check(dir: &Path) -> Result<CheckReport> {
         .last()
         .map_or(base.map_or(0, |b| b.index + 1), |e| e.index + 1);
     let log_next = ring_next.max(durable_last.map_or(0, |d| d.index + 1));
-    report.damage = match (acked, report.damage) {
-        (Some(acked), _) if log_next <= acked => {
-            Damage::CorruptInside(crate::recovery::Evidence::BelowWatermark {
-                acked,
-                recovered_next_index: log_next,
-            })
-        }
-        // A break in the ring that the segments cover lost nothing.
-        (_, Damage::CorruptInside(crate::recovery::Evidence::WellFormedBeyond { index, .. }))
-            if log_next > index =>
-        {
-            Damage::None
-        }
-        (_, damage) => damage,
-    };
+    report.damage = whole_log_damage(acked, log_next, report.damage);
     Ok(CheckReport {
         dir: dir.to_path_buf(),
         ring: ring_path,
@@ -411,4 +378,99 @@ pub fn check(dir: &Path) -> Result<CheckReport> {
         damage: report.damage,
         segments,
     })
+}
+
+/// Reads the ring's control block and header, checks them against the
+/// metadata and the file's size, and maps the file read-only.
+fn map_ring(
+    file: &File,
+    meta: &Meta,
+    meta_path: &Path,
+    ring_path: &Path,
+) -> Result<(Vec<u8>, RingHeader, memmap2::Mmap)> {
+    let mut control = vec![0u8; CONTROL_BLOCK_BYTES];
+    file.read_exact_at(&mut control, 0)
+        .map_err(WalError::io("read control block", ring_path))?;
+    let header = RingHeader::decode(&control).map_err(|source| WalError::Layout {
+        path: ring_path.to_path_buf(),
+        source,
+    })?;
+    meta.check_identity(meta_path, header.cluster_id, header.node_id)?;
+    let total = CONTROL_BLOCK_BYTES as u64 + header.capacity;
+    let size = file
+        .metadata()
+        .map_err(WalError::io("stat", ring_path))?
+        .len();
+    if size != total {
+        return Err(WalError::Inconsistent {
+            path: ring_path.to_path_buf(),
+            what: format!("file is {size} bytes, its header says {total}"),
+        });
+    }
+    let len = usize::try_from(total)
+        .map_err(|_| WalError::Config(format!("ring of {total} bytes does not fit in memory")))?;
+    // SAFETY: a read-only mapping of a file that the checker does not change;
+    // the caller checks a directory no running node owns (offline).
+    let map = unsafe { MmapOptions::new().len(len).map(file) }
+        .map_err(WalError::io("mmap", ring_path))?;
+    Ok((control, header, map))
+}
+
+/// Decodes the fence, head word, acknowledged watermark and commit hint of
+/// the control block, each checked as recovery checks it.
+fn control_words(control: &[u8], ring_path: &Path) -> Result<ControlWords> {
+    let fence = Epoch(le_u64(&control[FENCE_OFFSET..]));
+    let head_word = le_u64(&control[HEAD_OFFSET..]);
+    let acked = decode_index_word(le_u64(&control[ACKED_OFFSET..]));
+    let commit_hint = decode_index_word(le_u64(&control[COMMIT_OFFSET..]));
+    for (field, index) in [
+        ("acknowledged watermark", acked),
+        ("commit hint", commit_hint),
+    ] {
+        if let Some(index) = index {
+            check_index(field, index).map_err(|source| WalError::Layout {
+                path: ring_path.to_path_buf(),
+                source,
+            })?;
+        }
+    }
+    // The ring is scanned from its head word, like recovery does: what lies
+    // before it is in the segments.
+    if head_word > crate::layout::MAX_LSN {
+        return Err(WalError::Layout {
+            path: ring_path.to_path_buf(),
+            source: crate::error::LayoutError::OutOfRange {
+                field: "head",
+                value: head_word,
+                rule: "an lsn is at most MAX_LSN",
+            },
+        });
+    }
+    Ok(ControlWords {
+        fence,
+        head_word,
+        acked,
+        commit_hint,
+    })
+}
+
+/// The ring scan's `damage` judged on the whole log, which reaches
+/// `log_next` with the segments: below the watermark is corrupt inside,
+/// and a break in the ring that the segments cover lost nothing.
+fn whole_log_damage(acked: Option<u64>, log_next: u64, damage: Damage) -> Damage {
+    match (acked, damage) {
+        (Some(acked), _) if log_next <= acked => {
+            Damage::CorruptInside(crate::recovery::Evidence::BelowWatermark {
+                acked,
+                recovered_next_index: log_next,
+            })
+        }
+        // A break in the ring that the segments cover lost nothing.
+        (_, Damage::CorruptInside(crate::recovery::Evidence::WellFormedBeyond { index, .. }))
+            if log_next > index =>
+        {
+            Damage::None
+        }
+        (_, damage) => damage,
+    }
 }

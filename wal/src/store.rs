@@ -20,9 +20,9 @@ use crate::error::{Result, WalError};
 use crate::layout::{Epoch, RingHeader};
 use crate::meta::{META_FILE, Meta, VoteRecord};
 use crate::recovery::{Damage, Evidence, ScanReport, Stop};
-use crate::ring::{RING_FILE, Ring, RingConfig};
+use crate::ring::{Anchoring, RING_FILE, Ring, RingConfig};
 use crate::segment::SEGMENT_DIR;
-use crate::segment_log::{SegmentConfig, SegmentLog, SegmentReader};
+use crate::segment_log::{SegmentConfig, SegmentLog, SegmentReader, SegmentRecovery};
 use crate::shm;
 use crate::validate::LogPos;
 
@@ -131,55 +131,7 @@ impl Wal {
         config.geometry()?;
         fs::create_dir_all(dir).map_err(WalError::io("create directory", dir))?;
         let meta_path = dir.join(META_FILE);
-        // ----- where the ring lives (issue 11, item 1: crate::shm) -----
-        let mut place = shm::find(dir, ring_dir)?;
-        let (mut created, mut recreated) = (false, false);
-        // A ring made where one was lost starts a new generation of
-        // incarnations (crate::shm).
-        let generation = if place.ring_lost() {
-            place.next_generation()?
-        } else {
-            0
-        };
-        match (place.ring_exists(), meta_path.exists()) {
-            (false, false) => {
-                // Metadata first: a crash before the ring exists leaves a
-                // pristine metadata file, which the next open completes.
-                Meta::new(config.cluster_id, config.node_id).store(&meta_path)?;
-                let (path, incarnation) =
-                    place.bind_new(config.cluster_id, config.node_id, generation)?;
-                Ring::create(&path, config, incarnation)?;
-                created = true;
-            }
-            (true, false) => {
-                return Err(WalError::Incomplete {
-                    dir: dir.to_path_buf(),
-                    present: RING_FILE,
-                    missing: META_FILE,
-                });
-            }
-            (false, true) => {
-                let meta = Meta::load(&meta_path, config.cluster_id, config.node_id)?;
-                if meta == Meta::new(config.cluster_id, config.node_id) {
-                    created = true;
-                } else if place.ring_lost() {
-                    recreated = true;
-                } else {
-                    return Err(WalError::Incomplete {
-                        dir: dir.to_path_buf(),
-                        present: META_FILE,
-                        missing: RING_FILE,
-                    });
-                }
-                let (path, incarnation) =
-                    place.bind_new(config.cluster_id, config.node_id, generation)?;
-                Ring::create(&path, config, incarnation)?;
-            }
-            (true, true) => {}
-        }
-        let ring_path = place.ready(config.cluster_id, config.node_id)?;
-        place.remove_leftover();
-        // ----- end of where the ring lives -----
+        let (place, ring_path, created, recreated) = place_ring(dir, ring_dir, config, &meta_path)?;
         let meta = Meta::load(&meta_path, config.cluster_id, config.node_id)?;
         let (mut ring, report) = Ring::open(&ring_path, config)?;
         if recreated {
@@ -210,54 +162,9 @@ impl Wal {
         }
         let mut recovery = Recovery::from_scan(created, recreated, &ring, &report);
         recovery.first_index = first_index(&ring, &reader, meta.purged.map(|p| p.log));
-        let log_next = ring.next_index();
-        // A break in the ring that the segments cover lost nothing.
-        let covered = |evidence: Evidence| match evidence {
-            Evidence::BelowWatermark { acked, .. } => log_next > acked,
-            Evidence::WellFormedBeyond { index, .. } => log_next > index,
-        };
-        recovery.damage = match (durable.damage, recovery.damage) {
-            (d @ Damage::CorruptInside(_), _) => d,
-            (_, d @ Damage::CorruptInside(e)) if !covered(e) => d,
-            (a, b) => {
-                let next_index = ring.next_index();
-                match acked {
-                    // The ring (shared memory) kept the watermark, the log
-                    // no longer reaches it.
-                    Some(acked) if next_index <= acked => {
-                        Damage::CorruptInside(Evidence::BelowWatermark {
-                            acked,
-                            recovered_next_index: next_index,
-                        })
-                    }
-                    _ if a == Damage::TornTail || b == Damage::TornTail => Damage::TornTail,
-                    _ => Damage::None,
-                }
-            }
-        };
+        recovery.damage = recovered_damage(&ring, acked, durable.damage, recovery.damage);
         recovery.entries = ring.next_index().saturating_sub(recovery.first_index);
-        if recreated {
-            tracing::warn!(
-                dir = %dir.display(),
-                ring = %ring_path.display(),
-                fence = %recovery.fence,
-                first_index = recovery.first_index,
-                last = ?recovery.last,
-                "the ring was gone (a reboot?): recreated empty after the segments' last \
-                 entry, fence rebuilt from the vote"
-            );
-        }
-        if recovery.stop.is_some() || durable.stop.is_some() || anchoring.dropped > 0 {
-            tracing::info!(
-                dir = %dir.display(),
-                entries = recovery.entries,
-                ring_stop = ?recovery.stop,
-                segment_stop = ?durable.stop,
-                ring_entries_dropped = anchoring.dropped,
-                damage = ?recovery.damage,
-                "wal recovered"
-            );
-        }
+        log_recovery(dir, &ring_path, recreated, &recovery, &durable, &anchoring);
         shm::collect_garbage(place.ring_dir());
         Ok(Wal {
             dir: dir.to_path_buf(),
@@ -479,6 +386,137 @@ fn first_index(ring: &Ring, reader: &SegmentReader<RealDisk>, purged: Option<Log
         ring.first_index()
     };
     held.max(purged.map_or(0, |p| p.index + 1))
+}
+
+/// Finds where the ring of `dir` lives in `ring_dir` and makes it ready:
+/// creates the metadata file and the ring for a new log, recreates a ring
+/// that is gone, refuses a ring without its metadata file or a metadata
+/// file (not pristine) without its ring when the ring was not lost.
+/// Returns the place, the ring's path, and whether the log was created or
+/// its ring recreated.
+fn place_ring(
+    dir: &Path,
+    ring_dir: &Path,
+    config: &RingConfig,
+    meta_path: &Path,
+) -> Result<(shm::RingPlace, PathBuf, bool, bool)> {
+    // ----- where the ring lives (issue 11, item 1: crate::shm) -----
+    let mut place = shm::find(dir, ring_dir)?;
+    let (mut created, mut recreated) = (false, false);
+    // A ring made where one was lost starts a new generation of
+    // incarnations (crate::shm).
+    let generation = if place.ring_lost() {
+        place.next_generation()?
+    } else {
+        0
+    };
+    match (place.ring_exists(), meta_path.exists()) {
+        (false, false) => {
+            // Metadata first: a crash before the ring exists leaves a
+            // pristine metadata file, which the next open completes.
+            Meta::new(config.cluster_id, config.node_id).store(meta_path)?;
+            let (path, incarnation) =
+                place.bind_new(config.cluster_id, config.node_id, generation)?;
+            Ring::create(&path, config, incarnation)?;
+            created = true;
+        }
+        (true, false) => {
+            return Err(WalError::Incomplete {
+                dir: dir.to_path_buf(),
+                present: RING_FILE,
+                missing: META_FILE,
+            });
+        }
+        (false, true) => {
+            let meta = Meta::load(meta_path, config.cluster_id, config.node_id)?;
+            if meta == Meta::new(config.cluster_id, config.node_id) {
+                created = true;
+            } else if place.ring_lost() {
+                recreated = true;
+            } else {
+                return Err(WalError::Incomplete {
+                    dir: dir.to_path_buf(),
+                    present: META_FILE,
+                    missing: RING_FILE,
+                });
+            }
+            let (path, incarnation) =
+                place.bind_new(config.cluster_id, config.node_id, generation)?;
+            Ring::create(&path, config, incarnation)?;
+        }
+        (true, true) => {}
+    }
+    let ring_path = place.ready(config.cluster_id, config.node_id)?;
+    place.remove_leftover();
+    // ----- end of where the ring lives -----
+    Ok((place, ring_path, created, recreated))
+}
+
+/// The damage of the recovered log, from the segments' (`durable`) and the
+/// ring's (`scanned`) verdicts: corruption inside the segments stands; the
+/// ring's stands unless the segments cover it; otherwise the log must
+/// still reach the watermark `acked` the ring kept.
+fn recovered_damage(ring: &Ring, acked: Option<u64>, durable: Damage, scanned: Damage) -> Damage {
+    let log_next = ring.next_index();
+    // A break in the ring that the segments cover lost nothing.
+    let covered = |evidence: Evidence| match evidence {
+        Evidence::BelowWatermark { acked, .. } => log_next > acked,
+        Evidence::WellFormedBeyond { index, .. } => log_next > index,
+    };
+    match (durable, scanned) {
+        (d @ Damage::CorruptInside(_), _) => d,
+        (_, d @ Damage::CorruptInside(e)) if !covered(e) => d,
+        (a, b) => {
+            let next_index = ring.next_index();
+            match acked {
+                // The ring (shared memory) kept the watermark, the log
+                // no longer reaches it.
+                Some(acked) if next_index <= acked => {
+                    Damage::CorruptInside(Evidence::BelowWatermark {
+                        acked,
+                        recovered_next_index: next_index,
+                    })
+                }
+                _ if a == Damage::TornTail || b == Damage::TornTail => Damage::TornTail,
+                _ => Damage::None,
+            }
+        }
+    }
+}
+
+/// Logs what recovery did when it did more than open a clean log: a
+/// recreated ring (a warning), a break in the ring or the segments, or
+/// ring entries dropped while anchoring.
+fn log_recovery(
+    dir: &Path,
+    ring_path: &Path,
+    recreated: bool,
+    recovery: &Recovery,
+    durable: &SegmentRecovery,
+    anchoring: &Anchoring,
+) {
+    if recreated {
+        tracing::warn!(
+            dir = %dir.display(),
+            ring = %ring_path.display(),
+            fence = %recovery.fence,
+            first_index = recovery.first_index,
+            last = ?recovery.last,
+            "the ring was gone (a reboot?): recreated empty after the segments' last \
+             entry, fence rebuilt from the vote"
+        );
+    }
+    if recovery.stop.is_some() || durable.stop.is_some() || anchoring.dropped > 0 {
+        tracing::info!(
+            dir = %dir.display(),
+            entries = recovery.entries,
+            ring_stop = ?recovery.stop,
+            segment_stop = ?durable.stop,
+            ring_entries_dropped = anchoring.dropped,
+            damage = ?recovery.damage,
+            "wal recovered"
+        );
+    }
 }
 
 /// The fence of a recreated ring, from the durable vote: the vote's leader's

@@ -423,6 +423,93 @@ impl Writer {
     }
 }
 
+/// What must hold after the crash: (entries that may be recovered, the
+/// highest durable index still retained, the first index that retention
+/// may have left).
+type AfterCrash = (Vec<(u64, u64, Vec<u8>)>, Option<u64>, u64);
+
+/// Opens a log on `disk` and applies `ops` until the crash planned on the
+/// disk is taken (or all of them); returns the writer and what must hold
+/// after the crash.
+fn write_until_crash(disk: &MemDisk, ops: &[Op]) -> (Writer, AfterCrash) {
+    let (log, _) = SegmentLog::open(disk.clone(), &dir(), config(), None).unwrap();
+    let epoch = Epoch::new(1, 1).unwrap();
+    let mut writer = Writer {
+        log,
+        encoder: RecordEncoder::new(RING, 0, ChainTip::after(None), epoch).unwrap(),
+        term: 1,
+        entries: Vec::new(),
+        durable: None,
+        first: 0,
+    };
+    let mut context = disk.crash_taken().then(|| (Vec::new(), None, 0));
+    for op in ops {
+        if context.is_some() {
+            break;
+        }
+        let (entries, durable, first) = (writer.entries.clone(), writer.durable, writer.first);
+        writer.apply(op);
+        if disk.crash_taken() {
+            context = Some(match op {
+                // Truncated entries may still be there, in their old
+                // version; those up to `keep` must be.
+                Op::TruncateAfter(_) => {
+                    let keep = writer.entries.last().map(|e| e.0);
+                    let durable = match (durable, keep) {
+                        (Some(durable), Some(keep)) => Some(durable.min(keep)),
+                        (durable, _) => durable,
+                    };
+                    (entries, durable, first)
+                }
+                Op::RemoveBefore(_) => (entries, durable, writer.first),
+                _ => (writer.entries.clone(), durable, first),
+            });
+        }
+    }
+    let context = context.unwrap_or_else(|| (writer.entries.clone(), writer.durable, writer.first));
+    (writer, context)
+}
+
+/// The node goes on from what it recovered in `log` (a leader
+/// re-replicates from there, in a term after `term`): the damaged rest is
+/// discarded at the first write, and the next open of `after_crash` finds
+/// a clean log from `first` on.
+fn goes_on_after_recovery(
+    mut log: SegmentLog<MemDisk>,
+    term: u64,
+    after_crash: MemDisk,
+    first: u64,
+) -> Result<(), TestCaseError> {
+    let tip = log.tip();
+    let epoch = Epoch::new(term + 1, 1).unwrap();
+    let mut encoder = RecordEncoder::new(RING, log.lsn_end() + (1 << 30), tip, epoch).unwrap();
+    let mut buf = WriteBuffer::new(RING, encoder.next_lsn()).unwrap();
+    let index = if tip.unanchored { 1000 } else { tip.next_index };
+    encoder
+        .push(
+            &mut buf,
+            &EntryRef {
+                term: term + 1,
+                index,
+                payload: b"after",
+            },
+        )
+        .unwrap();
+    log.append(&[&buf.segments()[0].bytes]).unwrap();
+    log.sync().unwrap();
+    drop(log);
+    let (log, again) = SegmentLog::open(after_crash, &dir(), config(), Some(index)).unwrap();
+    prop_assert_eq!(again.damage, Damage::None, "{:?}", again);
+    prop_assert_eq!(again.stop, None);
+    let reader = log.reader();
+    prop_assert_eq!(
+        reader.range(),
+        (if tip.unanchored { index } else { first }, index + 1)
+    );
+    prop_assert_eq!(reader.read(index).unwrap().payload, b"after".to_vec());
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
@@ -442,47 +529,7 @@ proptest! {
             plan.seed = seed;
             plan.at = crash_at;
         }
-        let (log, _) = SegmentLog::open(disk.clone(), &dir(), config(), None).unwrap();
-        let epoch = Epoch::new(1, 1).unwrap();
-        let mut writer = Writer {
-            log,
-            encoder: RecordEncoder::new(RING, 0, ChainTip::after(None), epoch).unwrap(),
-            term: 1,
-            entries: Vec::new(),
-            durable: None,
-            first: 0,
-        };
-        // What must hold after the crash: (entries that may be recovered,
-        // the highest durable index still retained, the first index that
-        // retention may have left).
-        let mut context = disk.crash_taken().then(|| (Vec::new(), None, 0));
-        for op in &ops {
-            if context.is_some() {
-                break;
-            }
-            let (entries, durable, first) = (writer.entries.clone(), writer.durable, writer.first);
-            writer.apply(op);
-            if disk.crash_taken() {
-                context = Some(match op {
-                    // Truncated entries may still be there, in their old
-                    // version; those up to `keep` must be.
-                    Op::TruncateAfter(_) => {
-                        let keep = writer.entries.last().map(|e| e.0);
-                        let durable = match (durable, keep) {
-                            (Some(durable), Some(keep)) => Some(durable.min(keep)),
-                            (durable, _) => durable,
-                        };
-                        (entries, durable, first)
-                    }
-                    Op::RemoveBefore(_) => (entries, durable, writer.first),
-                    _ => (writer.entries.clone(), durable, first),
-                });
-            }
-        }
-        let (expected_entries, durable, retained_from) = match context {
-            Some(context) => context,
-            None => (writer.entries.clone(), writer.durable, writer.first),
-        };
+        let (writer, (expected_entries, durable, retained_from)) = write_until_crash(&disk, &ops);
         let image = disk.crash.lock().unwrap().image.take();
         let crashed = image.unwrap_or_else(|| disk.crash(seed));
         let after_crash = crashed.clone();
@@ -511,26 +558,6 @@ proptest! {
             prop_assert_eq!(record.term, *term);
             prop_assert_eq!(&record.payload, payload);
         }
-        // The node goes on from what it recovered (a leader re-replicates
-        // from there): the damaged rest is discarded at the first write, and
-        // the next open finds a clean log.
-        let mut log = log;
-        let tip = log.tip();
-        let epoch = Epoch::new(writer.term + 1, 1).unwrap();
-        let mut encoder = RecordEncoder::new(RING, log.lsn_end() + (1 << 30), tip, epoch).unwrap();
-        let mut buf = WriteBuffer::new(RING, encoder.next_lsn()).unwrap();
-        let index = if tip.unanchored { 1000 } else { tip.next_index };
-        encoder
-            .push(&mut buf, &EntryRef { term: writer.term + 1, index, payload: b"after" })
-            .unwrap();
-        log.append(&[&buf.segments()[0].bytes]).unwrap();
-        log.sync().unwrap();
-        drop(log);
-        let (log, again) = SegmentLog::open(after_crash, &dir(), config(), Some(index)).unwrap();
-        prop_assert_eq!(again.damage, Damage::None, "{:?}", again);
-        prop_assert_eq!(again.stop, None);
-        let reader = log.reader();
-        prop_assert_eq!(reader.range(), (if tip.unanchored { index } else { first }, index + 1));
-        prop_assert_eq!(reader.read(index).unwrap().payload, b"after".to_vec());
+        goes_on_after_recovery(log, writer.term, after_crash, first)?;
     }
 }

@@ -329,54 +329,7 @@ impl QueuePair {
             }
         }
         wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
-        match op {
-            SendOp::Write {
-                remote_addr,
-                rkey,
-                imm,
-            } => {
-                wr.wr.rdma = rdma_t { remote_addr, rkey };
-                match imm {
-                    Some(imm) => {
-                        wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
-                        wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
-                    }
-                    None => wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-                }
-            }
-            SendOp::Read { remote_addr, rkey } => {
-                wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_READ;
-                wr.wr.rdma = rdma_t { remote_addr, rkey };
-            }
-            SendOp::CompareSwap {
-                remote_addr,
-                rkey,
-                expected,
-                new,
-            } => {
-                wr.opcode = ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP;
-                wr.wr.atomic = atomic_t {
-                    remote_addr,
-                    compare_add: expected,
-                    swap: new,
-                    rkey,
-                };
-            }
-            SendOp::FetchAdd {
-                remote_addr,
-                rkey,
-                add,
-            } => {
-                wr.opcode = ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD;
-                wr.wr.atomic = atomic_t {
-                    remote_addr,
-                    compare_add: add,
-                    swap: 0,
-                    rkey,
-                };
-            }
-            SendOp::Send => wr.opcode = ibv_wr_opcode::IBV_WR_SEND,
-        }
+        set_send_op(&mut wr, op);
         let mut bad: *mut ibv_send_wr = ptr::null_mut();
         // SAFETY: the queue pair is alive; `wr` and `sge` are valid for the
         // duration of the call (the provider copies them into its queue);
@@ -432,6 +385,59 @@ impl Drop for QueuePair {
                 "ibv_destroy_qp failed"
             );
         }
+    }
+}
+
+/// Sets the opcode of `wr` and the fields of `op` (remote address, rkey,
+/// immediate data, atomic operands). Touches nothing else of `wr`.
+fn set_send_op(wr: &mut ibv_send_wr, op: SendOp) {
+    match op {
+        SendOp::Write {
+            remote_addr,
+            rkey,
+            imm,
+        } => {
+            wr.wr.rdma = rdma_t { remote_addr, rkey };
+            match imm {
+                Some(imm) => {
+                    wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+                    wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                }
+                None => wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            }
+        }
+        SendOp::Read { remote_addr, rkey } => {
+            wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_READ;
+            wr.wr.rdma = rdma_t { remote_addr, rkey };
+        }
+        SendOp::CompareSwap {
+            remote_addr,
+            rkey,
+            expected,
+            new,
+        } => {
+            wr.opcode = ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP;
+            wr.wr.atomic = atomic_t {
+                remote_addr,
+                compare_add: expected,
+                swap: new,
+                rkey,
+            };
+        }
+        SendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => {
+            wr.opcode = ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD;
+            wr.wr.atomic = atomic_t {
+                remote_addr,
+                compare_add: add,
+                swap: 0,
+                rkey,
+            };
+        }
+        SendOp::Send => wr.opcode = ibv_wr_opcode::IBV_WR_SEND,
     }
 }
 

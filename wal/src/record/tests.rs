@@ -106,6 +106,15 @@ impl RecordSink for Collect {
     }
 }
 
+/// The entry `index` of `term` carrying `payload`.
+fn entry(term: u64, index: u64, payload: &[u8]) -> EntryRef<'_> {
+    EntryRef {
+        term,
+        index,
+        payload,
+    }
+}
+
 #[test]
 fn encoder_chains_records_and_wraps() {
     let cap = 1u64 << 20;
@@ -118,16 +127,7 @@ fn encoder_chains_records_and_wraps() {
     };
     let mut enc = RecordEncoder::new(cap, cap - 192, tip, epoch).unwrap();
     let mut sink = Collect(Vec::new());
-    let a = enc
-        .push(
-            &mut sink,
-            &EntryRef {
-                term: 3,
-                index: 10,
-                payload: b"a",
-            },
-        )
-        .unwrap();
+    let a = enc.push(&mut sink, &entry(3, 10, b"a")).unwrap();
     assert_eq!(
         a,
         Placed {
@@ -137,16 +137,7 @@ fn encoder_chains_records_and_wraps() {
             len: 128
         }
     );
-    let b = enc
-        .push(
-            &mut sink,
-            &EntryRef {
-                term: 4,
-                index: 11,
-                payload: &[7; 100],
-            },
-        )
-        .unwrap();
+    let b = enc.push(&mut sink, &entry(4, 11, &[7; 100])).unwrap();
     assert_eq!(
         b,
         Placed {
@@ -182,24 +173,8 @@ fn encoder_chains_records_and_wraps() {
     // A record that ends exactly at the end of the area needs no wrap.
     let mut enc = RecordEncoder::new(cap, cap - 128, tip, epoch).unwrap();
     let mut sink = Collect(Vec::new());
-    enc.push(
-        &mut sink,
-        &EntryRef {
-            term: 3,
-            index: 10,
-            payload: b"a",
-        },
-    )
-    .unwrap();
-    enc.push(
-        &mut sink,
-        &EntryRef {
-            term: 3,
-            index: 11,
-            payload: b"b",
-        },
-    )
-    .unwrap();
+    enc.push(&mut sink, &entry(3, 10, b"a")).unwrap();
+    enc.push(&mut sink, &entry(3, 11, b"b")).unwrap();
     assert!(sink.0.iter().all(|(_, h, _)| h.kind == RecordKind::Entry));
     assert_eq!(sink.0[1].0, cap);
 }

@@ -224,32 +224,12 @@ impl Ring {
             self.release_through(p.index);
         }
         let Some(first_slot) = self.slots.front().copied() else {
-            self.reset_after(base);
-            self.move_empty_window(durable_lsn_end);
-            return Anchoring {
-                flush_from: base.map_or(0, |b| b.index + 1),
-                durable_conflict_after: None,
-                dropped: 0,
-            };
+            return self.empty_after(base, durable_lsn_end, 0);
         };
         let first = self.first_index;
         let prev_term = self.stored_header(first_slot.lsn).prev_term;
         let last = self.tip.next_index - 1;
-        let continues = match (first.checked_sub(1), base) {
-            // The log's very beginning, or nothing before it anywhere.
-            (None, _) | (Some(_), None) => true,
-            // A gap between the durable log and the ring.
-            (Some(before), Some(base)) if before > base.index => false,
-            (Some(before), Some(_)) => match durable_term(before) {
-                // The segments hold its predecessor: the terms must agree.
-                Some(term) => term == prev_term,
-                // Written right after a purge (a snapshot installed): its
-                // writer did not know the purged entry's term. Or the ring
-                // reaches back before the segments' first entry.
-                None => true,
-            },
-        };
-        if !continues {
+        if !continues_durable(first, prev_term, base, &durable_term) {
             let dropped = self.tip.next_index - first;
             tracing::warn!(
                 first,
@@ -258,13 +238,7 @@ impl Ring {
                 ?base,
                 "the ring's records do not continue the durable log: dropped"
             );
-            self.reset_after(base);
-            self.move_empty_window(durable_lsn_end);
-            return Anchoring {
-                flush_from: base.map_or(0, |b| b.index + 1),
-                durable_conflict_after: None,
-                dropped,
-            };
+            return self.empty_after(base, durable_lsn_end, dropped);
         }
         // A log that began at its first record (nothing durable or purged
         // before it) stays unanchored.
@@ -300,6 +274,24 @@ impl Ring {
         }
     }
 
+    /// Recovery leaving the ring empty after the durable log's end `base`,
+    /// its window at `durable_lsn_end` or beyond, with `dropped` records
+    /// forgotten.
+    fn empty_after(
+        &mut self,
+        base: Option<LogPos>,
+        durable_lsn_end: u64,
+        dropped: u64,
+    ) -> Anchoring {
+        self.reset_after(base);
+        self.move_empty_window(durable_lsn_end);
+        Anchoring {
+            flush_from: base.map_or(0, |b| b.index + 1),
+            durable_conflict_after: None,
+            dropped,
+        }
+    }
+
     /// Recovery of an empty ring: its window starts at `lsn` or beyond, so
     /// that its records continue the segments' lsn order (a ring recreated
     /// after a reboot starts at lsn 0). Nobody writes into a ring being
@@ -315,5 +307,30 @@ impl Ring {
             self.word(HeadWord::OFFSET)
                 .store(HeadWord::new(lsn).to_word(), Ordering::Release);
         }
+    }
+}
+
+/// Whether a ring whose first record is `first` (after `prev_term`)
+/// continues the durable log ending at `base`, whose terms `durable_term`
+/// gives.
+fn continues_durable(
+    first: u64,
+    prev_term: u64,
+    base: Option<LogPos>,
+    durable_term: &impl Fn(u64) -> Option<u64>,
+) -> bool {
+    match (first.checked_sub(1), base) {
+        // The log's very beginning, or nothing before it anywhere.
+        (None, _) | (Some(_), None) => true,
+        // A gap between the durable log and the ring.
+        (Some(before), Some(base)) if before > base.index => false,
+        (Some(before), Some(_)) => match durable_term(before) {
+            // The segments hold its predecessor: the terms must agree.
+            Some(term) => term == prev_term,
+            // Written right after a purge (a snapshot installed): its
+            // writer did not know the purged entry's term. Or the ring
+            // reaches back before the segments' first entry.
+            None => true,
+        },
     }
 }

@@ -481,51 +481,17 @@ impl<D: Disk> SegmentLog<D> {
         )?;
         let mut kept = scan.kept;
         let corrupt = matches!(scan.damage, Damage::CorruptInside(_));
-        let mut cut_bytes = 0;
-        let mut removed_files = 0;
-        let mut discard = None;
         // Files beyond the log, newest first; when the break lies in the
         // last kept segment, cut it at its end.
         let remove: Vec<PathBuf> = scan.beyond.iter().rev().map(|(_, p)| p.clone()).collect();
         let cut_last = scan.cut_last;
-        let mut log = SegmentLog {
-            disk,
-            dir: dir.to_path_buf(),
-            config,
-            shared: Arc::new(RwLock::new(Shared {
-                segments: VecDeque::new(),
-                empty_next: 0,
-            })),
-            tip: ChainTip::after(None),
-            lsn_end: 0,
-            unsynced: Vec::new(),
-            dir_dirty: false,
-            durable: None,
-            failed: None,
-            discard: None,
-            zeroed_to: 0,
-            zeroes: if config.preallocate {
-                vec![0; config.zero_ahead_bytes.min(config.segment_bytes) as usize]
-            } else {
-                Vec::new()
-            },
-        };
+        let mut log = SegmentLog::unscanned(disk, dir, config);
         if let Some(last) = kept.last() {
             log.tip = last.tip;
             log.lsn_end = last.lsn_end;
         }
-        if corrupt {
-            if !remove.is_empty() || cut_last {
-                discard = Some(Discard { remove, cut_last });
-            }
-        } else {
-            log.remove_files(&remove)?;
-            removed_files = remove.len() as u64;
-            if cut_last && let Some(last) = kept.last_mut() {
-                cut_bytes = last.segment.file_len - last.segment.end;
-                log.cut_segment(&mut last.segment)?;
-            }
-        }
+        let (discard, cut_bytes, removed_files) =
+            log.discard_beyond(&mut kept, remove, cut_last, corrupt)?;
         // What the scan read may sit in the page cache only (after a killed
         // process): flush it, so that `durable()` tells the truth.
         for s in &kept {
@@ -550,6 +516,63 @@ impl<D: Disk> SegmentLog<D> {
         log.durable = log.last_log();
         log.zeroed_to = log.last_end();
         Ok((log, recovery))
+    }
+
+    /// A log in `dir` with no segments yet, before the scan's are
+    /// published to it.
+    fn unscanned(disk: D, dir: &Path, config: SegmentConfig) -> SegmentLog<D> {
+        SegmentLog {
+            disk,
+            dir: dir.to_path_buf(),
+            config,
+            shared: Arc::new(RwLock::new(Shared {
+                segments: VecDeque::new(),
+                empty_next: 0,
+            })),
+            tip: ChainTip::after(None),
+            lsn_end: 0,
+            unsynced: Vec::new(),
+            dir_dirty: false,
+            durable: None,
+            failed: None,
+            discard: None,
+            zeroed_to: 0,
+            zeroes: if config.preallocate {
+                vec![0; config.zero_ahead_bytes.min(config.segment_bytes) as usize]
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    /// Deals with what lies beyond the log at open: the files to `remove`
+    /// (newest first) and, with `cut_last`, the last kept segment's bytes
+    /// past its end. When the log is `corrupt` inside, nothing is removed
+    /// yet (a [`Discard`] is returned, done at the first write); otherwise
+    /// they go now. Returns the discard, the bytes cut and the files removed.
+    fn discard_beyond(
+        &mut self,
+        kept: &mut [Scanned<D::File>],
+        remove: Vec<PathBuf>,
+        cut_last: bool,
+        corrupt: bool,
+    ) -> Result<(Option<Discard>, u64, u64)> {
+        let mut cut_bytes = 0;
+        let mut removed_files = 0;
+        let mut discard = None;
+        if corrupt {
+            if !remove.is_empty() || cut_last {
+                discard = Some(Discard { remove, cut_last });
+            }
+        } else {
+            self.remove_files(&remove)?;
+            removed_files = remove.len() as u64;
+            if cut_last && let Some(last) = kept.last_mut() {
+                cut_bytes = last.segment.file_len - last.segment.end;
+                self.cut_segment(&mut last.segment)?;
+            }
+        }
+        Ok((discard, cut_bytes, removed_files))
     }
 
     /// A reader of this log.

@@ -18,6 +18,12 @@ use crate::validate::{ChainTip, LogPos};
 
 use super::*;
 
+/// The segments a batch created: (its part in the plan, file, path).
+type NewSegments<F> = Vec<(usize, Arc<F>, PathBuf)>;
+
+/// The files and offsets a batch wrote, and how far the zeroes reach.
+type BatchWritten<F> = (Vec<(Arc<F>, u64)>, u64);
+
 impl<D: Disk> SegmentLog<D> {
     /// Appends records: each slice holds one or more whole entry records
     /// in the ring's format, chaining on the log's tail (the caller's own
@@ -44,9 +50,36 @@ impl<D: Disk> SegmentLog<D> {
         if plan.is_empty() {
             return Ok(());
         }
-        // Create the new segments first (their space preallocated), so
-        // that a full disk is found before any byte of the batch is
-        // written.
+        let created = self.create_batch_segments(&plan)?;
+        let active = {
+            let shared = read_lock(&self.shared);
+            shared
+                .segments
+                .back()
+                .map(|s| (Arc::clone(&s.file), s.end, s.path.clone()))
+        };
+        let (written, zeroed_to) = self.write_batch(&plan, &created, active.as_ref())?;
+        // Publish.
+        let last = plan.last().expect("a non-empty plan");
+        self.publish_batch(&plan, &created);
+        self.tip = last.tip;
+        self.lsn_end = last.lsn_end;
+        self.zeroed_to = zeroed_to;
+        if !created.is_empty() {
+            self.dir_dirty = true;
+        }
+        for (file, _) in written {
+            if !self.unsynced.iter().any(|f| Arc::ptr_eq(f, &file)) {
+                self.unsynced.push(file);
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates the new segments of `plan` first (their space preallocated),
+    /// so that a full disk is found before any byte of the batch is
+    /// written. On an error, removes those it created.
+    fn create_batch_segments(&mut self, plan: &[Part<'_>]) -> Result<NewSegments<D::File>> {
         let mut created: Vec<(usize, Arc<D::File>, PathBuf)> = Vec::new();
         for (k, part) in plan.iter().enumerate() {
             if let Some(header) = &part.new_header {
@@ -65,13 +98,19 @@ impl<D: Disk> SegmentLog<D> {
                 }
             }
         }
-        let active = {
-            let shared = read_lock(&self.shared);
-            shared
-                .segments
-                .back()
-                .map(|s| (Arc::clone(&s.file), s.end, s.path.clone()))
-        };
+        Ok(created)
+    }
+
+    /// Writes each part of `plan` with one positioned vectored write, into
+    /// its `created` segment or the `active` one, zeroes ahead. Returns the
+    /// files and offsets written and how far the zeroes now reach. On a full
+    /// disk, undoes the batch's bytes so that a later append starts clean.
+    fn write_batch(
+        &mut self,
+        plan: &[Part<'_>],
+        created: &[(usize, Arc<D::File>, PathBuf)],
+        active: Option<&(Arc<D::File>, u64, PathBuf)>,
+    ) -> Result<BatchWritten<D::File>> {
         let mut written: Vec<(Arc<D::File>, u64)> = Vec::new();
         let mut zeroed_to = self.zeroed_to;
         for (k, part) in plan.iter().enumerate() {
@@ -82,7 +121,7 @@ impl<D: Disk> SegmentLog<D> {
                 }
                 None => {
                     let (file, end, path) =
-                        active.clone().expect("an append into the active segment");
+                        active.cloned().expect("an append into the active segment");
                     (file, end, path)
                 }
             };
@@ -105,9 +144,9 @@ impl<D: Disk> SegmentLog<D> {
                 // A full disk (possible without preallocation): undo the
                 // batch's bytes so that a later append starts clean.
                 if matches!(err, WalError::DiskFull { .. })
-                    && self.undo_batch(&created, active.as_ref()).is_ok()
+                    && self.undo_batch(created, active).is_ok()
                 {
-                    self.zeroed_to = active.as_ref().map_or(0, |a| a.1);
+                    self.zeroed_to = active.map_or(0, |a| a.1);
                     return Err(err);
                 }
                 self.fail("write", &path, &err);
@@ -115,59 +154,49 @@ impl<D: Disk> SegmentLog<D> {
             }
             written.push((file, offset));
         }
-        // Publish.
-        let last = plan.last().expect("a non-empty plan");
-        {
-            let mut shared = write_lock(&self.shared);
-            for (k, part) in plan.iter().enumerate() {
-                let added: u64 = part.slices.iter().map(|s| s.len() as u64).sum();
-                match created.iter().find(|(i, _, _)| *i == k) {
-                    Some((_, file, path)) => {
-                        let header = part.new_header.expect("a new segment's header");
-                        let end = SEGMENT_HEADER_BYTES as u64 + added;
-                        let file_len = if self.config.preallocate {
-                            self.config.segment_bytes.max(end)
-                        } else {
-                            end
-                        };
-                        shared.segments.push_back(Segment {
-                            first_index: header.first_index,
-                            path: path.clone(),
-                            file: Arc::clone(file),
-                            offsets: part.offsets.clone(),
-                            terms: part.terms.clone(),
-                            end,
-                            file_len,
-                            written_at: SystemTime::now(),
-                        });
-                    }
-                    None => {
-                        let segment = shared.segments.back_mut().expect("the active segment");
-                        segment.offsets.extend_from_slice(&part.offsets);
-                        for run in &part.terms {
-                            if segment.terms.last().is_none_or(|r| r.term != run.term) {
-                                segment.terms.push(*run);
-                            }
+        Ok((written, zeroed_to))
+    }
+
+    /// Publishes a written batch to the readers: the `created` segments
+    /// join the list, the other parts extend the active segment.
+    fn publish_batch(&self, plan: &[Part<'_>], created: &[(usize, Arc<D::File>, PathBuf)]) {
+        let mut shared = write_lock(&self.shared);
+        for (k, part) in plan.iter().enumerate() {
+            let added: u64 = part.slices.iter().map(|s| s.len() as u64).sum();
+            match created.iter().find(|(i, _, _)| *i == k) {
+                Some((_, file, path)) => {
+                    let header = part.new_header.expect("a new segment's header");
+                    let end = SEGMENT_HEADER_BYTES as u64 + added;
+                    let file_len = if self.config.preallocate {
+                        self.config.segment_bytes.max(end)
+                    } else {
+                        end
+                    };
+                    shared.segments.push_back(Segment {
+                        first_index: header.first_index,
+                        path: path.clone(),
+                        file: Arc::clone(file),
+                        offsets: part.offsets.clone(),
+                        terms: part.terms.clone(),
+                        end,
+                        file_len,
+                        written_at: SystemTime::now(),
+                    });
+                }
+                None => {
+                    let segment = shared.segments.back_mut().expect("the active segment");
+                    segment.offsets.extend_from_slice(&part.offsets);
+                    for run in &part.terms {
+                        if segment.terms.last().is_none_or(|r| r.term != run.term) {
+                            segment.terms.push(*run);
                         }
-                        segment.end += added;
-                        segment.file_len = segment.file_len.max(segment.end);
-                        segment.written_at = SystemTime::now();
                     }
+                    segment.end += added;
+                    segment.file_len = segment.file_len.max(segment.end);
+                    segment.written_at = SystemTime::now();
                 }
             }
         }
-        self.tip = last.tip;
-        self.lsn_end = last.lsn_end;
-        self.zeroed_to = zeroed_to;
-        if !created.is_empty() {
-            self.dir_dirty = true;
-        }
-        for (file, _) in written {
-            if !self.unsynced.iter().any(|f| Arc::ptr_eq(f, &file)) {
-                self.unsynced.push(file);
-            }
-        }
-        Ok(())
     }
 
     /// Removes the segments a failed append created and cuts the active

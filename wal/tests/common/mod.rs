@@ -7,6 +7,8 @@ use ringraft_wal::{
     ChainTip, EntryRef, Epoch, LogPos, RecordEncoder, Ring, RingConfig, Wal, WriteBuffer,
 };
 
+pub mod segments;
+
 pub const CAP: u64 = 1 << 20;
 pub const MAX_RECORD: u64 = 16 << 10;
 

@@ -63,70 +63,7 @@ impl Shared {
             self.sizing.max_transfer_bytes,
             self.sizing.max_message_bytes,
         )?;
-        let (kind, op, data, local_len) = match request {
-            Request::Write {
-                addr,
-                rkey,
-                data,
-                imm,
-            } => {
-                let kind = if imm.is_some() {
-                    OpKind::WriteImm
-                } else {
-                    OpKind::Write
-                };
-                let len = data.len();
-                (
-                    kind,
-                    SendOp::Write {
-                        remote_addr: addr,
-                        rkey,
-                        imm,
-                    },
-                    data,
-                    len,
-                )
-            }
-            Request::Read { addr, rkey, len } => (
-                OpKind::Read { len },
-                SendOp::Read {
-                    remote_addr: addr,
-                    rkey,
-                },
-                Vec::new(),
-                len as usize,
-            ),
-            Request::CompareSwap {
-                addr,
-                rkey,
-                expected,
-                new,
-            } => (
-                OpKind::CompareSwap,
-                SendOp::CompareSwap {
-                    remote_addr: addr,
-                    rkey,
-                    expected,
-                    new,
-                },
-                Vec::new(),
-                8,
-            ),
-            Request::FetchAdd { addr, rkey, add } => (
-                OpKind::FetchAdd,
-                SendOp::FetchAdd {
-                    remote_addr: addr,
-                    rkey,
-                    add,
-                },
-                Vec::new(),
-                8,
-            ),
-            Request::Send { data } => {
-                let len = data.len();
-                (OpKind::Send, SendOp::Send, data, len)
-            }
-        };
+        let (kind, op, data, local_len) = send_op_of(request);
         let mut send = lock(&self.send);
         // Under the send lock: `fail` flushes what it finds under this lock,
         // after setting `failed`.
@@ -181,5 +118,74 @@ impl Shared {
             self.driver_wake.notify_one();
         }
         Ok(rx)
+    }
+}
+
+/// The verbs operation of `request`, with its kind, the bytes to stage
+/// (empty for READ and atomics) and the staging length it needs.
+fn send_op_of(request: Request) -> (OpKind, SendOp, Vec<u8>, usize) {
+    match request {
+        Request::Write {
+            addr,
+            rkey,
+            data,
+            imm,
+        } => {
+            let kind = if imm.is_some() {
+                OpKind::WriteImm
+            } else {
+                OpKind::Write
+            };
+            let len = data.len();
+            (
+                kind,
+                SendOp::Write {
+                    remote_addr: addr,
+                    rkey,
+                    imm,
+                },
+                data,
+                len,
+            )
+        }
+        Request::Read { addr, rkey, len } => (
+            OpKind::Read { len },
+            SendOp::Read {
+                remote_addr: addr,
+                rkey,
+            },
+            Vec::new(),
+            len as usize,
+        ),
+        Request::CompareSwap {
+            addr,
+            rkey,
+            expected,
+            new,
+        } => (
+            OpKind::CompareSwap,
+            SendOp::CompareSwap {
+                remote_addr: addr,
+                rkey,
+                expected,
+                new,
+            },
+            Vec::new(),
+            8,
+        ),
+        Request::FetchAdd { addr, rkey, add } => (
+            OpKind::FetchAdd,
+            SendOp::FetchAdd {
+                remote_addr: addr,
+                rkey,
+                add,
+            },
+            Vec::new(),
+            8,
+        ),
+        Request::Send { data } => {
+            let len = data.len();
+            (OpKind::Send, SendOp::Send, data, len)
+        }
     }
 }
