@@ -9,6 +9,10 @@
 //! on drop) kills the lab (`lab.sh kill`), which removes the guests, taps,
 //! bridge and filter rules.
 //!
+//! A freeze (the `freeze` nemesis) is armed as a watcher script in the
+//! guest ([`freeze_watch_script`]), next to the daemon, which serves
+//! `--metrics` on [`METRICS_PORT`] for it.
+//!
 //! UNTESTED so far: written while the lab was busy; see jepsen/README.md.
 
 use std::collections::{BTreeMap, BTreeSet};
