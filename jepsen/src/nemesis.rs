@@ -10,15 +10,26 @@
 //! (remove a node, re-add it as a learner, promote it) and leader-transfer
 //! storms. With two or more faults enabled, some steps run a membership
 //! change or a transfer storm *during* another fault.
+//!
+//! `freeze` (not part of `all`: the Soft-RoCE lab's stale-leader scenario)
+//! cuts the leader off, sends it [`FREEZE_PROPOSALS`] appends at once and
+//! has it SIGSTOPped [`FREEZE_DELAY`] after they arrived (by a watcher next
+//! to it, [`Substrate::arm_freeze`], or by the nemesis where the substrate
+//! has none), so its one-sided WRITEs are still in flight when it stops;
+//! the others elect a leader, which fences it out; the network heals while
+//! it is still stopped, then it resumes and must be refused. The window is
+//! recorded as an `isolated-leader` window, and its appends with their
+//! `node`, for the checker's stale-leader rules. The nemesis never judges
+//! the outcome: it only records.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ringraft_client::Client;
 use serde_json::{Value, json};
 
-use crate::history::{Event, HistoryWriter, Phase};
+use crate::history::{Event, EventType, HistoryWriter, Phase};
 use crate::rng::SplitMix64;
 use crate::substrate::{Substrate, TailDamage};
 
@@ -37,7 +48,25 @@ pub enum Fault {
     Membership,
     /// Leader-transfer storms.
     Transfer,
+    /// Cut the leader off, SIGSTOP it with proposals in flight, heal,
+    /// resume (see the module docs). Not part of [`Fault::ALL`].
+    Freeze,
 }
+
+/// Appends a freeze sends to the leader it stops, all at once.
+pub const FREEZE_PROPOSALS: u64 = 8;
+/// From the appends' arrival to the SIGSTOP: shorter than the leader's own
+/// reply timeout (one heartbeat), which would tear its connections down.
+pub const FREEZE_DELAY: Duration = Duration::from_millis(100);
+/// How long a freeze watcher waits for the appends.
+const FREEZE_ARM_BOUND: Duration = Duration::from_secs(20);
+/// How long the others get to elect a leader of a later term.
+const FREEZE_ELECTION_BOUND: Duration = Duration::from_secs(90);
+/// One attempt, and in all, of an append to the frozen leader.
+const FREEZE_APPEND_DEADLINE: Duration = Duration::from_secs(90);
+/// Process numbers of the freeze's appends start here (the workload's
+/// start at 0).
+const FREEZE_PROCESS_BASE: u64 = 1 << 40;
 
 impl Fault {
     /// Every fault.
@@ -53,6 +82,7 @@ impl Fault {
     /// Its command-line name.
     pub fn as_str(self) -> &'static str {
         match self {
+            Fault::Freeze => "freeze",
             Fault::Partition => "partition",
             Fault::Kill => "kill",
             Fault::Pause => "pause",
@@ -72,10 +102,11 @@ impl Fault {
                 _ => out.push(
                     Fault::ALL
                         .into_iter()
+                        .chain([Fault::Freeze])
                         .find(|f| f.as_str() == name || (name == "truncate" && *f == Fault::Corrupt))
                         .ok_or_else(|| {
                             format!(
-                                "unknown nemesis {name:?} (known: partition, kill, pause, corrupt, membership, transfer, all, none)"
+                                "unknown nemesis {name:?} (known: partition, kill, pause, corrupt, membership, transfer, freeze, all, none)"
                             )
                         })?,
                 ),
@@ -107,6 +138,20 @@ pub async fn status(endpoint: &str) -> Option<ringraft_client::proto::StatusResp
     client.status().await.ok()
 }
 
+/// The node that says it leads, with its term (the highest such term).
+pub async fn find_leader_term(substrate: &dyn Substrate, among: &[u64]) -> Option<(u64, u64)> {
+    let mut best: Option<(u64, u64)> = None;
+    for &id in among {
+        if let Some(s) = status(&substrate.client_endpoint(id)).await
+            && s.leader_id == id
+            && best.is_none_or(|(_, term)| s.term > term)
+        {
+            best = Some((id, s.term));
+        }
+    }
+    best
+}
+
 /// The leader that the highest-term answering node names, if any.
 pub async fn find_leader(substrate: &dyn Substrate) -> Option<u64> {
     let mut best: Option<(u64, u64)> = None;
@@ -128,6 +173,8 @@ pub struct Nemesis {
     faults: Vec<Fault>,
     rng: SplitMix64,
     stats: NemesisStats,
+    /// The next process number of a freeze's appends.
+    next_process: u64,
 }
 
 impl Nemesis {
@@ -146,6 +193,7 @@ impl Nemesis {
             faults,
             rng: SplitMix64::new(seed ^ 0x6E65_6D65_7369_7300),
             stats: NemesisStats::default(),
+            next_process: FREEZE_PROCESS_BASE,
         }
     }
 
@@ -220,6 +268,7 @@ impl Nemesis {
                     faults: Vec::new(),
                     rng: SplitMix64::new(self.rng.next_u64()),
                     stats: NemesisStats::default(),
+                    next_process: FREEZE_PROCESS_BASE,
                 };
                 let (_, ()) = tokio::join!(self.inject(fg), async {
                     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -246,6 +295,7 @@ impl Nemesis {
             Fault::Corrupt => self.corrupt().await,
             Fault::Membership => self.membership().await,
             Fault::Transfer => self.transfer().await,
+            Fault::Freeze => self.freeze().await,
         }
     }
 
@@ -453,6 +503,154 @@ impl Nemesis {
         );
     }
 
+    async fn freeze(&mut self) {
+        let nodes = self.nodes();
+        let Some((node, term)) = find_leader_term(&*self.substrate, &nodes).await else {
+            self.stats.errors.push("freeze: no leader".into());
+            return;
+        };
+        let others: Vec<u64> = nodes.iter().copied().filter(|n| *n != node).collect();
+        self.event("freeze", json!({"node": node, "term": term}), Phase::Start);
+        let groups = vec![vec![node], others.clone()];
+        let r = self.blocking(move |s| s.partition(&groups)).await;
+        let cut_err = self.note("partition", r);
+        self.leader_window(node, term, Phase::Start);
+        // The watcher first: a stop sent after the appends may come too late.
+        let armed = self
+            .blocking(move |s| s.arm_freeze(node, FREEZE_PROPOSALS, FREEZE_DELAY, FREEZE_ARM_BOUND))
+            .await;
+        let stale = self.send_stale(node);
+        let frozen = match armed {
+            Ok(()) => self.wait_stopped(node).await,
+            Err(_) => {
+                tokio::time::sleep(FREEZE_DELAY).await;
+                let r = self.blocking(move |s| s.pause(node)).await;
+                self.note("pause", r).is_null()
+            }
+        };
+        let new_leader = self.wait_new_leader(&others, term).await;
+        // The new leader takes writes; then the network heals while the old
+        // one is still stopped (its NIC resends what was in flight).
+        tokio::time::sleep(self.rng.millis(2000, 4000)).await;
+        let r = self.blocking(|s| s.heal()).await;
+        let heal_err = self.note("heal", r);
+        tokio::time::sleep(self.rng.millis(2000, 4000)).await;
+        // Closed before the resume: nothing the old leader answers after it
+        // can come from inside the window.
+        self.leader_window(node, term, Phase::Stop);
+        let r = self.blocking(move |s| s.resume(node)).await;
+        let resume_err = self.note("resume", r);
+        let mut outcomes = Vec::new();
+        for task in stale {
+            outcomes.push(task.await.unwrap_or_else(|e| format!("task: {e}")));
+        }
+        self.event(
+            "freeze",
+            json!({"node": node, "term": term, "frozen": frozen, "new_leader": new_leader,
+                   "appends": outcomes, "partition_error": cut_err, "heal_error": heal_err,
+                   "resume_error": resume_err}),
+            Phase::Stop,
+        );
+    }
+
+    /// Records the `isolated-leader` window of `node`, leader of `term`.
+    fn leader_window(&mut self, node: u64, term: u64, phase: Phase) {
+        let event = match phase {
+            Phase::Start => Event::leader_isolated(0, node, term),
+            Phase::Stop => Event::leader_healed(0, node, term),
+        };
+        if let Err(e) = self.history.record(event) {
+            self.stats.errors.push(format!("history: {e}"));
+        }
+    }
+
+    /// Sends [`FREEZE_PROPOSALS`] appends to `node` alone, at once, each
+    /// recorded with its node; each task returns how it ended.
+    fn send_stale(&mut self, node: u64) -> Vec<tokio::task::JoinHandle<String>> {
+        let endpoint = self.substrate.client_endpoint(node);
+        (0..FREEZE_PROPOSALS)
+            .map(|_| {
+                let process = self.next_process;
+                self.next_process += 1;
+                let data = format!("freeze-n{node}-p{process}");
+                let (history, endpoint) = (self.history.clone(), endpoint.clone());
+                tokio::spawn(async move {
+                    let invoke = Event::append_invoke(0, process, data.clone()).with_node(node);
+                    if let Err(e) = history.record(invoke) {
+                        return format!("history: {e}");
+                    }
+                    let mut client = Client::new(vec![endpoint], FREEZE_APPEND_DEADLINE)
+                        .with_deadline(FREEZE_APPEND_DEADLINE);
+                    let (done, outcome) = match client.append(vec![data.clone().into_bytes()]).await
+                    {
+                        Ok(indexes) if indexes.len() == 1 => (
+                            Event::append_completion(
+                                0,
+                                process,
+                                EventType::Ok,
+                                data,
+                                Some(indexes[0]),
+                            ),
+                            format!("ok {}", indexes[0]),
+                        ),
+                        other => {
+                            let why = match other {
+                                Ok(indexes) => format!("{} indexes answered", indexes.len()),
+                                Err(e) => e.to_string(),
+                            };
+                            let info =
+                                Event::append_completion(0, process, EventType::Info, data, None);
+                            (info.with_error(why.clone()), why)
+                        }
+                    };
+                    match history.record(done.with_node(node)) {
+                        Ok(_) => outcome,
+                        Err(e) => format!("history: {e}"),
+                    }
+                })
+            })
+            .collect()
+    }
+
+    /// Polls until `node`'s process is stopped (bounded); whether it was.
+    async fn wait_stopped(&mut self, node: u64) -> bool {
+        let deadline = Instant::now() + FREEZE_ARM_BOUND + Duration::from_secs(5);
+        loop {
+            match self.blocking(move |s| s.is_stopped(node)).await {
+                Ok(true) => return true,
+                Ok(false) if Instant::now() < deadline => {}
+                Ok(false) => {
+                    self.stats
+                        .errors
+                        .push(format!("freeze: node {node} was not stopped"));
+                    return false;
+                }
+                Err(e) => {
+                    self.stats.errors.push(format!("freeze: {e}"));
+                    return false;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    /// Polls until one of `among` leads a term after `term` (bounded).
+    async fn wait_new_leader(&mut self, among: &[u64], term: u64) -> Option<u64> {
+        let deadline = Instant::now() + FREEZE_ELECTION_BOUND;
+        while Instant::now() < deadline {
+            if let Some((leader, t)) = find_leader_term(&*self.substrate, among).await
+                && t > term
+            {
+                return Some(leader);
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        self.stats.errors.push(format!(
+            "freeze: no leader after term {term} among {among:?}"
+        ));
+        None
+    }
+
     async fn transfer(&mut self) {
         let nodes = self.nodes();
         let count = 3 + self.rng.below(4);
@@ -483,11 +681,66 @@ pub fn supported(substrate: &dyn Substrate, faults: &[Fault]) -> Vec<Fault> {
     faults
         .iter()
         .copied()
-        .filter(|f| *f != Fault::Partition || substrate.can_partition())
+        .filter(|f| !matches!(f, Fault::Partition | Fault::Freeze) || substrate.can_partition())
         .collect()
 }
 
 /// Faults as their names.
 pub fn names(faults: &[Fault]) -> Vec<String> {
     faults.iter().map(|f| f.as_str().to_string()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::{Fault, supported};
+    use crate::substrate::local::Local;
+    use crate::substrate::{ClusterSpec, Substrate, SubstrateError};
+
+    #[test]
+    fn freeze_is_named_but_not_part_of_all() {
+        assert_eq!(Fault::parse_list("freeze").unwrap(), vec![Fault::Freeze]);
+        assert_eq!(
+            Fault::parse_list("freeze,kill").unwrap(),
+            vec![Fault::Freeze, Fault::Kill]
+        );
+        let all = Fault::parse_list("all").unwrap();
+        assert_eq!(all.len(), Fault::ALL.len());
+        assert!(!all.contains(&Fault::Freeze), "{all:?}");
+        let err = Fault::parse_list("freez").unwrap_err();
+        assert!(err.contains("freeze"), "{err}");
+    }
+
+    #[test]
+    fn freeze_needs_partitions_and_local_has_no_watcher() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = ClusterSpec {
+            nodes: vec![1, 2, 3],
+            ringraft_bin: "ringraft".into(),
+            jepsen_bin: "ringraft-jepsen".into(),
+            run_dir: dir.path().to_path_buf(),
+            planted_bug: None,
+            extra_serve_args: Vec::new(),
+        };
+        let local: Arc<dyn Substrate> = Arc::new(Local::new(spec).unwrap());
+        assert_eq!(
+            supported(&*local, &[Fault::Freeze, Fault::Kill]),
+            vec![Fault::Kill]
+        );
+        let armed = local.arm_freeze(
+            1,
+            8,
+            std::time::Duration::from_millis(100),
+            std::time::Duration::from_secs(1),
+        );
+        assert!(
+            matches!(armed, Err(SubstrateError::Unsupported { .. })),
+            "{armed:?}"
+        );
+        assert!(matches!(
+            local.is_stopped(1),
+            Err(SubstrateError::Unsupported { .. })
+        ));
+    }
 }

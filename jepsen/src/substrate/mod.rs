@@ -9,6 +9,7 @@
 //! never decides *which* fault to inject: that is the nemesis's job.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 pub mod local;
 pub mod netns;
@@ -126,6 +127,29 @@ pub trait Substrate: Send + Sync {
     fn pause(&self, id: u64) -> Result<()>;
     /// SIGCONT.
     fn resume(&self, id: u64) -> Result<()>;
+    /// Arms a freeze of node `id` (the `freeze` nemesis): a watcher next to
+    /// the process SIGSTOPs it `delay` after at least `in_flight` proposals
+    /// are pending on it (its `ringraft_proposals_in_flight` metric), or
+    /// gives up after `bound`. Returns once the watcher runs. A stop sent
+    /// from the harness comes too late where a command takes long to reach
+    /// the node (a lab guest under TCG). Default: unsupported, and the
+    /// nemesis pauses the node itself.
+    fn arm_freeze(&self, id: u64, in_flight: u64, delay: Duration, bound: Duration) -> Result<()> {
+        let _ = (id, in_flight, delay, bound);
+        Err(SubstrateError::Unsupported {
+            substrate: self.name(),
+            what: "freeze a node from next to it",
+        })
+    }
+    /// Whether node `id`'s process is stopped now (after
+    /// [`Substrate::arm_freeze`]). Default: unsupported.
+    fn is_stopped(&self, id: u64) -> Result<bool> {
+        let _ = id;
+        Err(SubstrateError::Unsupported {
+            substrate: self.name(),
+            what: "tell whether a node is stopped",
+        })
+    }
     /// Whether [`Substrate::partition`] works.
     fn can_partition(&self) -> bool;
     /// Whether [`Substrate::drop_one_way`] works.

@@ -9,12 +9,17 @@
 //! on drop) kills the lab (`lab.sh kill`), which removes the guests, taps,
 //! bridge and filter rules.
 //!
+//! A freeze (the `freeze` nemesis) is armed as a watcher script in the
+//! guest ([`freeze_watch_script`]), next to the daemon, which serves
+//! `--metrics` on [`METRICS_PORT`] for it.
+//!
 //! UNTESTED so far: written while the lab was busy; see jepsen/README.md.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use ringraft_testkit::serve::ServeArgs;
 
@@ -24,6 +29,8 @@ use super::{ClusterSpec, Result, Substrate, SubstrateError, TailDamage, WalCheck
 pub const LISTEN_PORT: u16 = 7000;
 /// Client API port in every guest.
 pub const CLIENT_PORT: u16 = 8000;
+/// Metrics port in every guest (`/metrics`, read by the freeze watcher).
+pub const METRICS_PORT: u16 = 9000;
 /// Time allowed for one agent command, seconds (TCG guests are slow).
 pub const EXEC_TIMEOUT_S: u64 = 60;
 
@@ -44,6 +51,42 @@ fn guest_ip(id: u64) -> String {
 
 fn guest_dir(id: u64) -> String {
     format!("/var/tmp/ringraft-jepsen/n{id}")
+}
+
+/// The freeze watcher (see [`Substrate::arm_freeze`]), a bash script: polls
+/// `ringraft_proposals_in_flight` at `metrics` (`host:port`, plain HTTP over
+/// bash's `/dev/tcp`: no client tool needed in the guest) until it reaches
+/// `in_flight`, then sleeps `delay` and SIGSTOPs the process whose id is in
+/// `pid_file`; prints `stopped ...` and exits 0, or `gave up ...` and exits
+/// 1 after `bound`.
+pub fn freeze_watch_script(
+    pid_file: &str,
+    metrics: &str,
+    in_flight: u64,
+    delay: Duration,
+    bound: Duration,
+) -> String {
+    let (host, port) = metrics.rsplit_once(':').unwrap_or((metrics, "80"));
+    format!(
+        r#"p=$(cat {pid}) || exit 2
+m() {{ exec 3<>/dev/tcp/{host}/{port} || return 0
+  printf 'GET /metrics HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n' >&3
+  awk '$1 == "ringraft_proposals_in_flight" {{ printf "%d", $2 }}' <&3; exec 3<&-; }}
+end=$(( $(date +%s%N) / 1000000 + {bound_ms} ))
+while [ $(( $(date +%s%N) / 1000000 )) -lt $end ]; do
+  n=$(m 2>/dev/null)
+  if [ "${{n:-0}}" -ge {in_flight} ]; then
+    sleep {delay_s}; kill -STOP "$p" || exit 2
+    echo "stopped pid $p, $n proposals in flight"; exit 0
+  fi
+  sleep 0.02
+done
+echo "gave up after {bound_ms} ms: ${{n:-no}} proposals in flight"; exit 1
+"#,
+        pid = sh_quote(pid_file),
+        bound_ms = bound.as_millis(),
+        delay_s = format_args!("{:.3}", delay.as_secs_f64()),
+    )
 }
 
 /// Quotes `s` for a POSIX shell.
@@ -109,6 +152,10 @@ impl SoftRoce {
         )
     }
 
+    fn metrics_addr(&self, id: u64) -> String {
+        format!("{}:{METRICS_PORT}", guest_ip(id))
+    }
+
     fn set_running(&self, id: u64, running: bool) {
         self.running
             .lock()
@@ -146,6 +193,8 @@ impl Substrate for SoftRoce {
         serve.extra = self.spec.extra_serve_args.clone();
         let mut args = serve.to_args();
         args.extend(["--rdma-device".to_string(), "rxe0".to_string()]);
+        // For the freeze watcher, in the guest.
+        args.extend(["--metrics".to_string(), self.metrics_addr(id)]);
         // Under TCG an rdma connection takes longer to set up than the
         // daemon's default heartbeat (openraft's per-RPC timeout) allows:
         // every attempt would be cancelled half-way.
@@ -216,6 +265,31 @@ impl Substrate for SoftRoce {
     fn resume(&self, id: u64) -> Result<()> {
         self.exec(id, &format!("kill -CONT $(cat {}/pid)", guest_dir(id)))
             .map(drop)
+    }
+    fn arm_freeze(&self, id: u64, in_flight: u64, delay: Duration, bound: Duration) -> Result<()> {
+        let dir = guest_dir(id);
+        let watch = freeze_watch_script(
+            &format!("{dir}/pid"),
+            &self.metrics_addr(id),
+            in_flight,
+            delay,
+            bound,
+        );
+        self.exec(
+            id,
+            &format!(
+                "setsid nohup bash -c {} >{dir}/freeze.out 2>&1 </dev/null &",
+                sh_quote(&watch)
+            ),
+        )
+        .map(drop)
+    }
+    fn is_stopped(&self, id: u64) -> Result<bool> {
+        let out = self.exec(
+            id,
+            &format!("grep '^State' /proc/$(cat {}/pid)/status", guest_dir(id)),
+        )?;
+        Ok(out.contains("T (stopped)"))
     }
     fn can_partition(&self) -> bool {
         true
@@ -318,5 +392,94 @@ impl Drop for SoftRoce {
         if let Err(e) = self.teardown() {
             eprintln!("ringraft-jepsen: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::TcpListener;
+    use std::process::{Child, Command};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    use super::freeze_watch_script;
+
+    /// Serves `/metrics` with `ringraft_proposals_in_flight <value>`, one
+    /// answer per connection, as the daemon's endpoint does.
+    fn metrics_server(value: Arc<AtomicU64>) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    line.clear();
+                }
+                let body = format!(
+                    "# TYPE ringraft_proposals_in_flight gauge\nringraft_proposals_in_flight {}\n# EOF\n",
+                    value.load(Ordering::SeqCst)
+                );
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        addr
+    }
+
+    fn state(child: &Child) -> String {
+        std::fs::read_to_string(format!("/proc/{}/status", child.id()))
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("State:"))
+            .unwrap()
+            .to_string()
+    }
+
+    #[test]
+    fn the_freeze_watcher_stops_the_process_once_enough_proposals_are_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new("sleep").arg("60").spawn().unwrap();
+        let pid_file = dir.path().join("pid");
+        std::fs::write(&pid_file, child.id().to_string()).unwrap();
+        let in_flight = Arc::new(AtomicU64::new(3));
+        let addr = metrics_server(in_flight.clone());
+        let pid_file = pid_file.display().to_string();
+        let watch = |bound_ms| {
+            let script = freeze_watch_script(
+                &pid_file,
+                &addr,
+                8,
+                Duration::from_millis(50),
+                Duration::from_millis(bound_ms),
+            );
+            Command::new("bash").arg("-c").arg(script).output().unwrap()
+        };
+
+        // 3 < 8 in flight: the watcher gives up, the process runs on.
+        let out = watch(700);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        assert!(
+            text.contains("gave up") && text.contains("3 proposals"),
+            "{text}"
+        );
+        assert!(!state(&child).contains("stopped"), "{}", state(&child));
+
+        // 8 in flight: stopped.
+        in_flight.store(8, Ordering::SeqCst);
+        let out = watch(10_000);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{text}");
+        assert!(text.contains("8 proposals in flight"), "{text}");
+        assert!(state(&child).contains("T (stopped)"), "{}", state(&child));
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 }
