@@ -549,11 +549,17 @@ _append() {
 }
 # _read_check <i> <acked...>: node i alone (a linearizable read, which a node
 # serves from its own log) returns every acknowledged record at its index.
+# A follower first asks the leader for its read index over the fabric; right
+# after a restart it has no connection to the leader yet, and a Soft-RoCE
+# connection under TCG takes seconds to set up (CI, 2026-12-03: a read 6 s
+# after node 1 restarted got no answer within the CLI's default 2 s per
+# attempt, twice), so the read gets 10 s per attempt and 30 s in all.
 _read_check() {
     local i=$1 from to got missing w=$LAB_RUN/serve; shift
     sort -n -u "$@" > "$w/want.$i"
     from=$(head -n1 "$w/want.$i" | cut -d' ' -f1); to=$(tail -n1 "$w/want.$i" | cut -d' ' -f1)
-    _rr read --endpoints "$(_ep "$i")" --from "$from" --to "$to" --format json > "$w/read.$i" || return 1
+    _rr read --endpoints "$(_ep "$i")" --timeout-ms 10000 --deadline-ms 30000 \
+        --from "$from" --to "$to" --format json > "$w/read.$i" || return 1
     sed -n 's/.*"data":"\([^"]*\)".*"index":\([0-9]*\).*/\2 \1/p' "$w/read.$i" | sort -n > "$w/got.$i"
     missing=$(comm -23 "$w/want.$i" "$w/got.$i" | wc -l)
     got=$(wc -l < "$w/got.$i")
