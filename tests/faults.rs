@@ -353,13 +353,11 @@ async fn membership_changes_under_load() {
     let stop = Arc::new(AtomicBool::new(false));
     let history = History::new();
     let acked = Arc::new(AtomicUsize::new(0));
-    let cluster = Arc::new(tokio::sync::RwLock::new(()));
     let writer = {
         let (stop, acked, history) = (stop.clone(), acked.clone(), history.clone());
         let nodes: Vec<_> = (1..=3).map(|id| (id, c.node(id).clone())).collect();
         tokio::spawn(write_until_stopped(nodes, stop, acked, history))
     };
-    let _ = cluster;
     // The membership changes happen under load: wait until the load runs
     // (a count of writes, not a time: a slow machine writes less per second).
     let acked_at_least = |n: usize| wait_acked_at_least(acked.clone(), n);

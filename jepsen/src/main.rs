@@ -41,7 +41,8 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
         /// Faults: partition, kill, pause, corrupt, membership, transfer,
-        /// all, none (comma-separated).
+        /// freeze (softroce substrate only; not part of all), all, none
+        /// (comma-separated).
         #[arg(long, default_value = "kill,pause")]
         nemesis: String,
         /// The run directory (must not hold a run).
