@@ -93,10 +93,7 @@ struct Cluster {
 }
 
 fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("no free loopback port: {e}"))
+    ringraft_testkit::ports::free_port().map_err(|e| format!("no free loopback port: {e}"))
 }
 
 impl Cluster {
@@ -705,24 +702,6 @@ async fn steps(cluster: &mut Cluster, config: &DemoConfig) -> StepResult<()> {
     Ok(())
 }
 
-async fn interrupted() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) {
-        (Ok(mut int), Ok(mut term)) => {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-        }
-        // Without the handlers a signal ends the process; the children then
-        // die with it (PR_SET_PDEATHSIG).
-        _ => std::future::pending().await,
-    }
-}
-
 /// Runs the demo. Must be driven on the thread that outlives it (the
 /// runtime's `block_on` thread): the nodes' death signal is tied to the
 /// thread that started them.
@@ -782,7 +761,9 @@ pub async fn run(config: DemoConfig) -> ExitCode {
     let started = Instant::now();
     let outcome = tokio::select! {
         r = steps(&mut cluster, &config) => r,
-        _ = interrupted() => Err(Failure::Interrupted),
+        // Without the handlers a signal ends the process; the children then
+        // die with it (PR_SET_PDEATHSIG).
+        _ = ringraft_testkit::signals::interrupted() => Err(Failure::Interrupted),
     };
     let code = match outcome {
         Ok(()) => {
