@@ -39,30 +39,21 @@
 //! instead of the default 64 MiB so that the nodes start fast): it checks
 //! that every case commits, and its numbers mean nothing.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::io;
-use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use openraft::OptionalSend;
+use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
-use openraft::error::{RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable};
-use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
-    TransferLeaderResponse, VoteRequest, VoteResponse,
-};
-use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
-use openraft::{ServerState, SnapshotPolicy};
-use ringraft::types::{Entry, LogId, Raft, Vote};
+use ringraft::types::Raft;
 use ringraft::{
     Applied, Command, Durability, Fabric, Node, NodeBuilder, NodeConfig, NodeInfo, SmStore,
-    StateMachine, TypeConfig,
+    StateMachine,
 };
 
 /// Bytes of every proposal.
@@ -101,244 +92,11 @@ impl StateMachine for Counter {
     }
 }
 
-// ---------------------------------------------------------------------------
-// The baseline: openraft with an in-memory log and direct calls.
-// ---------------------------------------------------------------------------
+mod baseline;
+mod machine;
 
-#[derive(Default)]
-struct MemLogInner {
-    entries: BTreeMap<u64, Entry>,
-    vote: Option<Vote>,
-    committed: Option<LogId>,
-    purged: Option<LogId>,
-}
-
-/// A minimal in-memory log store; clones share it (the reader is a clone).
-#[derive(Clone, Default)]
-struct MemLog {
-    inner: Arc<Mutex<MemLogInner>>,
-}
-
-impl MemLog {
-    fn lock(&self) -> std::sync::MutexGuard<'_, MemLogInner> {
-        self.inner.lock().expect("log lock")
-    }
-}
-
-impl RaftLogReader<TypeConfig> for MemLog {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
-        &mut self,
-        range: RB,
-    ) -> Result<Vec<Entry>, io::Error> {
-        Ok(self
-            .lock()
-            .entries
-            .range(range)
-            .map(|(_, e)| e.clone())
-            .collect())
-    }
-
-    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
-        Ok(self.lock().vote)
-    }
-}
-
-impl RaftLogStorage<TypeConfig> for MemLog {
-    type LogReader = MemLog;
-
-    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
-        let inner = self.lock();
-        let last = inner.entries.values().next_back().map(|e| e.log_id);
-        Ok(LogState {
-            last_purged_log_id: inner.purged,
-            last_log_id: last.or(inner.purged),
-        })
-    }
-
-    async fn get_log_reader(&mut self) -> Self::LogReader {
-        self.clone()
-    }
-
-    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
-        self.lock().vote = Some(*vote);
-        Ok(())
-    }
-
-    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
-        self.lock().committed = committed;
-        Ok(())
-    }
-
-    async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
-        Ok(self.lock().committed)
-    }
-
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: IOFlushed<TypeConfig>,
-    ) -> Result<(), io::Error>
-    where
-        I: IntoIterator<Item = Entry> + OptionalSend,
-        I::IntoIter: OptionalSend,
-    {
-        {
-            let mut inner = self.lock();
-            for entry in entries {
-                inner.entries.insert(entry.log_id.index, entry);
-            }
-        }
-        callback.io_completed(Ok(()));
-        Ok(())
-    }
-
-    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
-        let mut inner = self.lock();
-        let keep_up_to = last_log_id.map(|l| l.index);
-        let from = keep_up_to.map_or(0, |i| i + 1);
-        inner.entries.split_off(&from);
-        Ok(())
-    }
-
-    async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
-        let mut inner = self.lock();
-        let rest = inner.entries.split_off(&(log_id.index + 1));
-        inner.entries = rest;
-        inner.purged = Some(log_id);
-        Ok(())
-    }
-}
-
-/// The baseline's nodes, by id: the network calls their handles directly.
-type Registry = Arc<RwLock<HashMap<u64, Raft>>>;
-
-#[derive(Clone)]
-struct DirectNetwork {
-    registry: Registry,
-}
-
-struct DirectPeer {
-    registry: Registry,
-    target: u64,
-}
-
-#[derive(Debug)]
-struct Message(String);
-impl std::fmt::Display for Message {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-impl std::error::Error for Message {}
-
-fn unreachable(e: impl std::fmt::Display) -> Unreachable<TypeConfig> {
-    Unreachable::new(&Message(e.to_string()))
-}
-
-impl DirectPeer {
-    fn raft(&self) -> Result<Raft, Unreachable<TypeConfig>> {
-        self.registry
-            .read()
-            .expect("registry lock")
-            .get(&self.target)
-            .cloned()
-            .ok_or_else(|| unreachable(format!("node {} is not running", self.target)))
-    }
-}
-
-impl RaftNetworkFactory<TypeConfig> for DirectNetwork {
-    type Network = DirectPeer;
-
-    async fn new_client(&mut self, target: u64, _node: &NodeInfo) -> DirectPeer {
-        DirectPeer {
-            registry: self.registry.clone(),
-            target,
-        }
-    }
-}
-
-impl RaftNetworkV2<TypeConfig> for DirectPeer {
-    type SnapshotData = Vec<u8>;
-
-    async fn append_entries(
-        &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let raft = self.raft()?;
-        raft.append_entries(rpc)
-            .await
-            .map_err(|e: RaftError<TypeConfig>| RPCError::Unreachable(unreachable(e)))
-    }
-
-    async fn vote(
-        &mut self,
-        rpc: VoteRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let raft = self.raft()?;
-        raft.vote(rpc)
-            .await
-            .map_err(|e| RPCError::Unreachable(unreachable(e)))
-    }
-
-    async fn pre_vote(
-        &mut self,
-        rpc: VoteRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let raft = self.raft()?;
-        raft.pre_vote(rpc)
-            .await
-            .map_err(|e| RPCError::Unreachable(unreachable(e)))
-    }
-
-    async fn full_snapshot(
-        &mut self,
-        vote: Vote,
-        snapshot: openraft::alias::SnapshotOf<TypeConfig, Vec<u8>>,
-        cancel: impl std::future::Future<Output = ReplicationClosed> + OptionalSend + 'static,
-        _option: RPCOption,
-    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
-        let raft = self.raft()?;
-        tokio::select! {
-            closed = cancel => Err(StreamingError::Closed(closed)),
-            result = raft.install_full_snapshot(vote, snapshot) => {
-                result.map_err(|e| StreamingError::Unreachable(unreachable(e)))
-            }
-        }
-    }
-
-    async fn transfer_leader(
-        &mut self,
-        req: TransferLeaderRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let raft = self.raft()?;
-        raft.handle_transfer_leader(req)
-            .await
-            .map_err(|e| RPCError::Unreachable(unreachable(e)))
-    }
-}
-
-/// The openraft configuration of a ringraft node with `NodeConfig::new`'s
-/// defaults (see `NodeBuilder::start`).
-fn raft_config_like_ringraft(defaults: &NodeConfig) -> Arc<openraft::Config> {
-    let config = openraft::Config {
-        cluster_name: format!("baseline-{:x}", defaults.cluster_id),
-        election_timeout_min: defaults.election_timeout_ms.0,
-        election_timeout_max: defaults.election_timeout_ms.1,
-        heartbeat_interval: defaults.heartbeat_ms,
-        snapshot_policy: SnapshotPolicy::LogsSinceLast(defaults.snapshot_every_entries),
-        max_in_snapshot_log_to_keep: defaults.keep_after_snapshot,
-        max_payload_entries: 256,
-        allow_log_reversion: Some(true),
-        ..Default::default()
-    }
-    .validate()
-    .expect("valid openraft config");
-    Arc::new(config)
-}
+use baseline::{DirectNetwork, MemLog, Registry, raft_config_like_ringraft};
+use machine::{CpuSample, CpuShare, cpu_share, file_system_of, settle};
 
 // ---------------------------------------------------------------------------
 // Clusters.
@@ -701,22 +459,6 @@ fn settings() -> Settings {
     }
 }
 
-/// The file system holding `path`, from /proc/mounts: (type, device, mount
-/// point).
-fn file_system_of(path: &Path) -> Option<(String, String, String)> {
-    let path = path.canonicalize().ok()?;
-    let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
-    mounts
-        .lines()
-        .filter_map(|line| {
-            let mut f = line.split_whitespace();
-            let (device, point, kind) = (f.next()?, f.next()?, f.next()?);
-            path.starts_with(point)
-                .then(|| (kind.to_string(), device.to_string(), point.to_string()))
-        })
-        .max_by_key(|(_, _, point)| point.len())
-}
-
 /// `v` with three significant figures.
 fn sig3(v: f64) -> String {
     if !v.is_finite() || v == 0.0 {
@@ -728,88 +470,6 @@ fn sig3(v: f64) -> String {
         format!("{:.0}", (v / unit).round() * unit)
     } else {
         format!("{:.*}", (2 - magnitude) as usize, v)
-    }
-}
-
-/// CPU time counters, in clock ticks: the machine's (from /proc/stat) and
-/// this process's (from /proc/self/stat).
-#[derive(Clone, Copy, Debug, Default)]
-struct CpuSample {
-    /// All CPUs, every state.
-    total: u64,
-    /// All CPUs, busy (user, nice, system, irq, softirq).
-    busy: u64,
-    /// Time the hypervisor ran something else.
-    steal: u64,
-    /// This process (user + system).
-    own: u64,
-}
-
-impl CpuSample {
-    fn now() -> CpuSample {
-        let mut sample = CpuSample::default();
-        if let Ok(stat) = std::fs::read_to_string("/proc/stat")
-            && let Some(line) = stat.lines().next()
-        {
-            let v: Vec<u64> = line
-                .split_whitespace()
-                .skip(1)
-                .filter_map(|x| x.parse().ok())
-                .collect();
-            if v.len() >= 8 {
-                // user nice system idle iowait irq softirq steal (guest
-                // time is already inside user and nice).
-                sample.total = v[..8].iter().sum();
-                sample.busy = v[0] + v[1] + v[2] + v[5] + v[6];
-                sample.steal = v[7];
-            }
-        }
-        if let Ok(stat) = std::fs::read_to_string("/proc/self/stat")
-            && let Some(after_name) = stat.rsplit_once(')').map(|(_, rest)| rest)
-        {
-            // Fields after the name start at field 3; utime and stime are
-            // fields 14 and 15.
-            let f: Vec<&str> = after_name.split_whitespace().collect();
-            if f.len() > 12 {
-                sample.own = f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0);
-            }
-        }
-        sample
-    }
-}
-
-/// Where the machine's CPU time went between two samples, in percent of all
-/// CPUs.
-#[derive(Clone, Copy, Debug, Default)]
-struct CpuShare {
-    own: f64,
-    others: f64,
-    steal: f64,
-}
-
-fn cpu_share(a: CpuSample, b: CpuSample) -> CpuShare {
-    let total = b.total.saturating_sub(a.total).max(1) as f64;
-    let busy = b.busy.saturating_sub(a.busy) as f64;
-    let own = b.own.saturating_sub(a.own) as f64;
-    CpuShare {
-        own: 100.0 * own / total,
-        others: 100.0 * (busy - own).max(0.0) / total,
-        steal: 100.0 * b.steal.saturating_sub(a.steal) as f64 / total,
-    }
-}
-
-/// Waits, at most `limit`, until the rest of the machine leaves the CPUs
-/// (less than `threshold` percent busy over a second); returns how long it
-/// waited and the last share seen.
-fn settle(limit: Duration, threshold: f64) -> (Duration, CpuShare) {
-    let started = Instant::now();
-    loop {
-        let a = CpuSample::now();
-        std::thread::sleep(Duration::from_secs(1));
-        let share = cpu_share(a, CpuSample::now());
-        if share.others + share.steal < threshold || started.elapsed() >= limit {
-            return (started.elapsed(), share);
-        }
     }
 }
 
@@ -846,21 +506,7 @@ fn main() {
         .tempdir_in(&bench_dir)
         .expect("bench data dir");
     let fs = file_system_of(root.path());
-
-    let mut systems = vec![System::Baseline];
-    for tcp in [false, true] {
-        for durability in [Durability::Memory, Durability::Fsync] {
-            systems.push(System::Ringraft { tcp, durability });
-        }
-    }
-    let cases: Vec<(System, usize)> = systems
-        .iter()
-        .flat_map(|sys| s.proposers.iter().map(move |p| (*sys, *p)))
-        .filter(|(sys, p)| {
-            let label = format!("{}/{p}", sys.label());
-            s.filters.is_empty() || s.filters.iter().any(|f| label.contains(f.as_str()))
-        })
-        .collect();
+    let cases = cases(&s);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(s.threads)
@@ -884,76 +530,121 @@ fn main() {
             ""
         }
     );
-    let mut rows = Vec::new();
-    for (k, (system, proposers)) in cases.iter().enumerate() {
-        let label = format!("{}/{proposers}", system.label());
-        let dir = root
-            .path()
-            .join(format!("{k:02}-{}", label.replace('/', "-")));
-        if s.settle > 0.0 {
-            let (waited, share) = settle(Duration::from_secs_f64(s.settle), 10.0);
-            if waited > Duration::from_secs(2) {
-                eprintln!(
-                    "{label:>26}: waited {:.0} s for the machine to settle (others {:.0} %, steal {:.0} %)",
-                    waited.as_secs_f64(),
-                    share.others,
-                    share.steal
-                );
-            }
-        }
-        let (outcome, cpu) = runtime.block_on(async {
-            let cluster = Cluster::start(*system, &dir, s.ring_capacity).await;
-            let leader = cluster.leader().await;
-            if s.warmup > 0.0 {
-                let warm = drive(&leader, *proposers, s.warmup, u64::MAX).await;
-                assert!(
-                    warm.commits > 0,
-                    "{label}: nothing committed in the warm-up: {:?}",
-                    warm.first_error
-                );
-            }
-            let before = CpuSample::now();
-            let outcome = drive(&leader, *proposers, s.secs, s.commits).await;
-            let cpu = cpu_share(before, CpuSample::now());
-            cluster.shutdown().await;
-            (outcome, cpu)
-        });
-        // Each node's ring is in /dev/shm (the default): remove it with its
-        // data directory.
-        for id in 1..=3 {
-            let _ = ringraft_wal::remove(&dir.join(format!("n{id}")));
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-        eprintln!(
-            "{label:>26}: {:>8} commits in {:.2} s, p50 {} µs, p99 {} µs, p99.9 {} µs, max {} µs, \
-             {} commits/s, {} errors{}; CPU: bench {:.0} %, others {:.0} %, steal {:.0} %",
-            outcome.commits,
-            outcome.elapsed.as_secs_f64(),
-            sig3(outcome.p_us(0.5)),
-            sig3(outcome.p_us(0.99)),
-            sig3(outcome.p_us(0.999)),
-            sig3(outcome.hist.max() as f64 / 1000.0),
-            sig3(outcome.throughput()),
-            outcome.errors,
-            outcome
-                .first_error
-                .as_ref()
-                .map(|e| format!(" (first: {e})"))
-                .unwrap_or_default(),
-            cpu.own,
-            cpu.others,
-            cpu.steal,
-        );
-        assert!(outcome.commits > 0, "{label}: nothing committed");
-        rows.push(Row {
-            system: *system,
-            proposers: *proposers,
-            outcome,
-            cpu,
-        });
-    }
+    let rows: Vec<Row> = cases
+        .iter()
+        .enumerate()
+        .map(|(k, (system, proposers))| {
+            let label = format!("{}/{proposers}", system.label());
+            let dir = root
+                .path()
+                .join(format!("{k:02}-{}", label.replace('/', "-")));
+            run_case(&runtime, &s, &label, &dir, *system, *proposers)
+        })
+        .collect();
     runtime.shutdown_timeout(Duration::from_secs(5));
+    print_table(&s, fs, &rows);
+}
 
+/// The cases the settings select: every system at every proposer count,
+/// kept when its label contains one of the filters (or there are none).
+fn cases(s: &Settings) -> Vec<(System, usize)> {
+    let mut systems = vec![System::Baseline];
+    for tcp in [false, true] {
+        for durability in [Durability::Memory, Durability::Fsync] {
+            systems.push(System::Ringraft { tcp, durability });
+        }
+    }
+    systems
+        .iter()
+        .flat_map(|sys| s.proposers.iter().map(move |p| (*sys, *p)))
+        .filter(|(sys, p)| {
+            let label = format!("{}/{p}", sys.label());
+            s.filters.is_empty() || s.filters.iter().any(|f| label.contains(f.as_str()))
+        })
+        .collect()
+}
+
+/// One case on a fresh cluster in `dir`: settle, start, warm up, measure,
+/// shut down, remove its data; reports its line on stderr.
+fn run_case(
+    runtime: &tokio::runtime::Runtime,
+    s: &Settings,
+    label: &str,
+    dir: &Path,
+    system: System,
+    proposers: usize,
+) -> Row {
+    if s.settle > 0.0 {
+        let (waited, share) = settle(Duration::from_secs_f64(s.settle), 10.0);
+        if waited > Duration::from_secs(2) {
+            eprintln!(
+                "{label:>26}: waited {:.0} s for the machine to settle (others {:.0} %, steal {:.0} %)",
+                waited.as_secs_f64(),
+                share.others,
+                share.steal
+            );
+        }
+    }
+    let (outcome, cpu) = runtime.block_on(async {
+        let cluster = Cluster::start(system, dir, s.ring_capacity).await;
+        let leader = cluster.leader().await;
+        if s.warmup > 0.0 {
+            let warm = drive(&leader, proposers, s.warmup, u64::MAX).await;
+            assert!(
+                warm.commits > 0,
+                "{label}: nothing committed in the warm-up: {:?}",
+                warm.first_error
+            );
+        }
+        let before = CpuSample::now();
+        let outcome = drive(&leader, proposers, s.secs, s.commits).await;
+        let cpu = cpu_share(before, CpuSample::now());
+        cluster.shutdown().await;
+        (outcome, cpu)
+    });
+    // Each node's ring is in /dev/shm (the default): remove it with its
+    // data directory.
+    for id in 1..=3 {
+        let _ = ringraft_wal::remove(&dir.join(format!("n{id}")));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    report_case(label, &outcome, &cpu);
+    assert!(outcome.commits > 0, "{label}: nothing committed");
+    Row {
+        system,
+        proposers,
+        outcome,
+        cpu,
+    }
+}
+
+/// A case's line on stderr.
+fn report_case(label: &str, outcome: &Outcome, cpu: &CpuShare) {
+    eprintln!(
+        "{label:>26}: {:>8} commits in {:.2} s, p50 {} µs, p99 {} µs, p99.9 {} µs, max {} µs, \
+         {} commits/s, {} errors{}; CPU: bench {:.0} %, others {:.0} %, steal {:.0} %",
+        outcome.commits,
+        outcome.elapsed.as_secs_f64(),
+        sig3(outcome.p_us(0.5)),
+        sig3(outcome.p_us(0.99)),
+        sig3(outcome.p_us(0.999)),
+        sig3(outcome.hist.max() as f64 / 1000.0),
+        sig3(outcome.throughput()),
+        outcome.errors,
+        outcome
+            .first_error
+            .as_ref()
+            .map(|e| format!(" (first: {e})"))
+            .unwrap_or_default(),
+        cpu.own,
+        cpu.others,
+        cpu.steal,
+    );
+}
+
+/// The table on stdout: every row beside the baseline at the same number
+/// of proposers, then the failed proposals.
+fn print_table(s: &Settings, fs: Option<(String, String, String)>, rows: &[Row]) {
     println!();
     println!(
         "3-node cluster in one process, {ENTRY_BYTES} B entries; {} CPUs, {} tokio worker \
@@ -972,34 +663,8 @@ fn main() {
          | CPU µs/commit ÷ baseline | CPU: bench % | CPU: others % |"
     );
     println!("|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
-    for row in &rows {
-        let base = rows
-            .iter()
-            .find(|b| b.system == System::Baseline && b.proposers == row.proposers);
-        let ratio =
-            |f: &dyn Fn(&Row) -> f64| base.map_or("–".to_string(), |b| sig3(f(row) / f(b)));
-        let (system, fabric, durability) = match row.system {
-            System::Ringraft { tcp, durability } => (
-                "ringraft",
-                if tcp { "tcp (loopback)" } else { "inproc" },
-                durability_name(durability),
-            ),
-            System::Baseline => ("openraft baseline", "direct calls", "memory (BTreeMap)"),
-        };
-        println!(
-            "| {system} | {fabric} | {durability} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {:.0} |",
-            row.proposers,
-            sig3(row.outcome.p_us(0.5)),
-            sig3(row.outcome.p_us(0.99)),
-            sig3(row.outcome.throughput()),
-            ratio(&|r| r.outcome.p_us(0.5)),
-            ratio(&|r| r.outcome.p_us(0.99)),
-            ratio(&|r| r.outcome.throughput()),
-            sig3(row.cpu_us_per_commit()),
-            ratio(&|r| r.cpu_us_per_commit()),
-            row.cpu.own,
-            row.cpu.others + row.cpu.steal,
-        );
+    for row in rows {
+        print_row(row, rows);
     }
     println!();
     println!(
@@ -1017,4 +682,34 @@ fn main() {
             row.outcome.first_error.as_deref().unwrap_or("?"),
         );
     }
+}
+
+/// One row of the table, with its ratios to the baseline's row.
+fn print_row(row: &Row, rows: &[Row]) {
+    let base = rows
+        .iter()
+        .find(|b| b.system == System::Baseline && b.proposers == row.proposers);
+    let ratio = |f: &dyn Fn(&Row) -> f64| base.map_or("–".to_string(), |b| sig3(f(row) / f(b)));
+    let (system, fabric, durability) = match row.system {
+        System::Ringraft { tcp, durability } => (
+            "ringraft",
+            if tcp { "tcp (loopback)" } else { "inproc" },
+            durability_name(durability),
+        ),
+        System::Baseline => ("openraft baseline", "direct calls", "memory (BTreeMap)"),
+    };
+    println!(
+        "| {system} | {fabric} | {durability} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {:.0} |",
+        row.proposers,
+        sig3(row.outcome.p_us(0.5)),
+        sig3(row.outcome.p_us(0.99)),
+        sig3(row.outcome.throughput()),
+        ratio(&|r| r.outcome.p_us(0.5)),
+        ratio(&|r| r.outcome.p_us(0.99)),
+        ratio(&|r| r.outcome.throughput()),
+        sig3(row.cpu_us_per_commit()),
+        ratio(&|r| r.cpu_us_per_commit()),
+        row.cpu.own,
+        row.cpu.others + row.cpu.steal,
+    );
 }
