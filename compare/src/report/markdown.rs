@@ -228,15 +228,13 @@ fn failed_operations(rows: &[Row]) -> String {
                 })
         })
         .collect();
-    let mut out = String::new();
-    if !failed.is_empty() {
-        let _ = writeln!(
-            out,
-            "\n**Operations failed** (not counted in latency or throughput; see the per-round table): {}.",
-            failed.join("; ")
-        );
+    if failed.is_empty() {
+        return String::new();
     }
-    out
+    format!(
+        "\n**Operations failed** (not counted in latency or throughput; see the per-round table): {}.\n",
+        failed.join("; ")
+    )
 }
 
 /// The physical floor measured in the same run, and the `fsync` 1-client
