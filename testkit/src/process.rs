@@ -1,9 +1,13 @@
 //! `ringraft serve` as child processes of the harness, optionally each in a
 //! network namespace (`ip netns exec`, which execs the daemon in place, so
 //! the child's pid is the daemon's). Owns the children: it starts, stops,
-//! kills, pauses and resumes them, and [`ProcessCluster::kill_all`] kills
-//! every one, as dropping the cluster does. Never creates namespaces or
-//! network faults (the harness does) and never judges what a node did.
+//! kills, pauses and resumes them, [`ProcessCluster::stop_all`] stops every
+//! one at once, and [`ProcessCluster::kill_all`] kills every one, as
+//! dropping the cluster does. On request ([`ProcessOptions::die_with_parent`])
+//! a child also dies with the thread that started it, so that not even a
+//! harness killed with SIGKILL leaves a node behind. Never creates
+//! namespaces or network faults (the harness does) and never judges what a
+//! node did.
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -110,6 +114,33 @@ pub struct ProcessOptions {
     pub extra_serve_args: Vec<String>,
     /// Environment of the children: `Some` sets a variable, `None` removes it.
     pub env: Vec<(String, Option<String>)>,
+    /// Each child gets SIGKILL from the kernel when the thread that started
+    /// it exits (`PR_SET_PDEATHSIG`), and does not start at all if the
+    /// harness died before that was set. Start the nodes from a thread that
+    /// lives as long as the cluster (a program's main thread). Off: a child
+    /// outlives a harness that dies without dropping the cluster.
+    pub die_with_parent: bool,
+    /// The child's stdout goes to its log too (interleaved with stderr).
+    /// Off: stdout goes to /dev/null.
+    pub stdout_to_log: bool,
+}
+
+impl ProcessOptions {
+    /// Options for `binary` on `fabric`, node `bootstrap` bootstrapping; no
+    /// extra flags, the environment inherited, neither
+    /// [`ProcessOptions::die_with_parent`] nor
+    /// [`ProcessOptions::stdout_to_log`].
+    pub fn new(binary: PathBuf, fabric: &str, bootstrap: u64) -> ProcessOptions {
+        ProcessOptions {
+            binary,
+            fabric: fabric.into(),
+            bootstrap,
+            extra_serve_args: Vec::new(),
+            env: Vec::new(),
+            die_with_parent: false,
+            stdout_to_log: false,
+        }
+    }
 }
 
 /// How [`ProcessCluster::stop`] ended.
@@ -217,6 +248,14 @@ impl ProcessCluster {
                 path: place.log.clone(),
                 source,
             })?;
+        let stdout = if self.options.stdout_to_log {
+            Stdio::from(log.try_clone().map_err(|source| ProcessError::Io {
+                path: place.log.clone(),
+                source,
+            })?)
+        } else {
+            Stdio::null()
+        };
         let binary = &self.options.binary;
         let mut cmd = match &place.netns {
             Some(ns) => {
@@ -228,7 +267,7 @@ impl ProcessCluster {
         };
         cmd.args(self.serve_args(id)?)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(log)
             // Its own process group: a Ctrl-C at the terminal reaches the
             // harness, which then tears down in order.
@@ -238,6 +277,9 @@ impl ProcessCluster {
                 Some(v) => cmd.env(key, v),
                 None => cmd.env_remove(key),
             };
+        }
+        if self.options.die_with_parent {
+            die_with_parent(&mut cmd);
         }
         let child = cmd.spawn().map_err(|e| ProcessError::Command {
             what: format!("start node {id} ({})", binary.display()),
@@ -321,6 +363,63 @@ impl ProcessCluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Stops every running node at once: SIGCONT and SIGTERM to each, wait
+    /// up to `grace` for all of them, then SIGKILL what still runs. Returns
+    /// how each node that had been started ended.
+    pub fn stop_all(&self, grace: Duration) -> BTreeMap<u64, Stopped> {
+        let ids: Vec<u64> = self.children().keys().copied().collect();
+        let mut ended = BTreeMap::new();
+        for &id in &ids {
+            if self.is_running(id) {
+                let _ = self.signal(id, libc::SIGCONT);
+                let _ = self.signal(id, libc::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + grace;
+        loop {
+            {
+                let mut children = self.children();
+                for &id in &ids {
+                    if ended.contains_key(&id) {
+                        continue;
+                    }
+                    match children.get_mut(&id).map(|c| c.try_wait()) {
+                        None | Some(Err(_)) => {
+                            children.remove(&id);
+                            ended.insert(id, Stopped::NotRunning);
+                        }
+                        Some(Ok(Some(status))) => {
+                            children.remove(&id);
+                            ended.insert(id, Stopped::Exited(status));
+                        }
+                        Some(Ok(None)) => {}
+                    }
+                }
+            }
+            if ended.len() == ids.len() {
+                return ended;
+            }
+            if Instant::now() > deadline {
+                for &id in &ids {
+                    ended.entry(id).or_insert_with(|| {
+                        let _ = self.kill(id);
+                        Stopped::Killed
+                    });
+                }
+                return ended;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// How node `id` ended, if it was started (and neither stopped nor
+    /// killed through the cluster since) and its process has exited: a
+    /// node that died on its own.
+    pub fn exited(&self, id: u64) -> Option<std::process::ExitStatus> {
+        let mut children = self.children();
+        children.get_mut(&id)?.try_wait().ok().flatten()
     }
 
     /// Whether the child lives (paused counts as living).
@@ -427,6 +526,29 @@ impl ProcessCluster {
     }
 }
 
+/// Makes the child of `cmd` die (SIGKILL) when the thread that spawns it
+/// exits, and refuse to start when its parent already died.
+fn die_with_parent(cmd: &mut Command) {
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the forked child before exec, where only
+    // async-signal-safe calls are allowed: it calls prctl(2) and getppid(2)
+    // and reads `parent`, a copy made before the fork; it allocates nothing
+    // (its errors are raw OS errors) and takes no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died between fork and prctl: the death signal will
+            // never come, so do not start (ESRCH: no such process).
+            if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
 impl Drop for ProcessCluster {
     fn drop(&mut self) {
         self.kill_all();
@@ -437,11 +559,21 @@ impl Drop for ProcessCluster {
 mod tests {
     use super::*;
 
-    /// A cluster whose "binary" is a shell script that logs its arguments
+    /// A fake `ringraft`: ignores SIGTERM when it is node 2 and `STUBBORN`
+    /// is set, then says hello on stdout, logs its arguments to stderr (so
+    /// that once they are in the log, so is the hello if stdout goes there)
     /// and sleeps (no daemon needed).
-    fn fake_cluster(dir: &Path) -> ProcessCluster {
+    const FAKE_RINGRAFT: &str = "#!/bin/sh\n\
+        case \"$*\" in *\"--id 2 \"*) [ -n \"$STUBBORN\" ] && trap '' TERM;; esac\n\
+        echo \"stdout of node $3\"\n\
+        echo \"$@\" >&2\n\
+        exec sleep 600\n";
+
+    /// A cluster of two nodes of [`FAKE_RINGRAFT`], with `options` changed
+    /// by `adjust`.
+    fn fake_cluster(dir: &Path, adjust: impl FnOnce(&mut ProcessOptions)) -> ProcessCluster {
         let bin = dir.join("ringraft");
-        std::fs::write(&bin, "#!/bin/sh\necho \"$@\" >&2\nexec sleep 600\n").unwrap();
+        std::fs::write(&bin, FAKE_RINGRAFT).unwrap();
         let mut perms = std::fs::metadata(&bin).unwrap().permissions();
         std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
         std::fs::set_permissions(&bin, perms).unwrap();
@@ -459,20 +591,34 @@ mod tests {
                 (id, place)
             })
             .collect();
-        let options = ProcessOptions {
-            binary: ringraft_binary(Some(bin)).unwrap(),
-            fabric: "tcp".into(),
-            bootstrap: 1,
-            extra_serve_args: Vec::new(),
-            env: vec![("RINGRAFT_PLANTED_BUG".into(), None)],
-        };
+        let mut options = ProcessOptions::new(ringraft_binary(Some(bin)).unwrap(), "tcp", 1);
+        options.env = vec![("RINGRAFT_PLANTED_BUG".into(), None)];
+        adjust(&mut options);
         ProcessCluster::new(options, places)
+    }
+
+    /// Waits (bounded) until node `id`'s log holds `text`; returns the log.
+    fn wait_for_log(cluster: &ProcessCluster, id: u64, text: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let log = cluster.log_tail(id, 100);
+            if log.contains(text) || Instant::now() > deadline {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether process `pid` exists.
+    fn alive(pid: u32) -> bool {
+        // SAFETY: signal 0 only checks whether the pid exists.
+        unsafe { libc::kill(pid as libc::pid_t, 0) == 0 }
     }
 
     #[test]
     fn start_pause_resume_stop_kill_and_drop() {
         let dir = tempfile::tempdir().unwrap();
-        let cluster = fake_cluster(dir.path());
+        let cluster = fake_cluster(dir.path(), |_| {});
         cluster.start(1).unwrap();
         cluster.start(2).unwrap();
         assert_eq!(cluster.running(), vec![1, 2]);
@@ -490,14 +636,67 @@ mod tests {
         assert!(cluster.running().is_empty());
         cluster.start(1).unwrap();
         let pid = cluster.pid(1).unwrap();
-        std::thread::sleep(Duration::from_millis(200));
-        assert!(cluster.log_tail(1, 1).contains("--bootstrap"));
+        assert!(wait_for_log(&cluster, 1, "--bootstrap").contains("--bootstrap"));
+        assert!(
+            !wait_for_log(&cluster, 1, "--bootstrap").contains("stdout of"),
+            "stdout goes to /dev/null by default"
+        );
         let logs = dir.path().join("logs");
         cluster.collect_logs(&logs).unwrap();
         assert!(logs.join("n1.log").exists());
         drop(cluster);
-        // SAFETY: signal 0 only checks whether the pid exists.
-        let alive = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0;
-        assert!(!alive, "dropping the cluster kills its nodes");
+        assert!(!alive(pid), "dropping the cluster kills its nodes");
+    }
+
+    #[test]
+    fn stdout_to_log_writes_stdout_to_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = fake_cluster(dir.path(), |o| o.stdout_to_log = true);
+        cluster.start(1).unwrap();
+        let log = wait_for_log(&cluster, 1, "stdout of node 1");
+        assert!(log.contains("stdout of node 1"), "{log}");
+        assert!(log.contains("--bootstrap"), "stderr too: {log}");
+    }
+
+    #[test]
+    fn stop_all_stops_every_node_and_kills_the_stubborn() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = fake_cluster(dir.path(), |o| {
+            o.env.push(("STUBBORN".into(), Some("1".into())));
+        });
+        cluster.start(1).unwrap();
+        cluster.start(2).unwrap();
+        // Node 2 ignores SIGTERM once it logged its arguments.
+        wait_for_log(&cluster, 2, "--id 2");
+        let pids = [cluster.pid(1).unwrap(), cluster.pid(2).unwrap()];
+        cluster.pause(1).unwrap();
+        let ended = cluster.stop_all(Duration::from_secs(1));
+        assert!(
+            matches!(ended[&1], Stopped::Exited(_)),
+            "node 1, paused, stops on SIGTERM: {ended:?}"
+        );
+        assert_eq!(ended[&2], Stopped::Killed, "node 2 ignores SIGTERM");
+        assert!(cluster.running().is_empty());
+        assert!(pids.iter().all(|pid| !alive(*pid)), "nothing left running");
+        assert!(cluster.stop_all(Duration::from_secs(1)).is_empty());
+    }
+
+    #[test]
+    fn die_with_parent_kills_a_node_whose_starting_thread_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = fake_cluster(dir.path(), |o| o.die_with_parent = true);
+        cluster.start(1).unwrap();
+        std::thread::scope(|s| s.spawn(|| cluster.start(2).unwrap()).join().unwrap());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while cluster.exited(2).is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let status = cluster.exited(2).expect("node 2 died with its thread");
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+        assert!(cluster.is_running(1), "node 1's thread lives on");
+        assert_eq!(cluster.exited(1), None);
     }
 }

@@ -54,6 +54,8 @@ impl<N: Network> OnProcesses<N> {
             bootstrap: spec.nodes[0],
             extra_serve_args: spec.extra_serve_args.clone(),
             env: vec![("RINGRAFT_PLANTED_BUG".into(), spec.planted_bug.clone())],
+            die_with_parent: false,
+            stdout_to_log: false,
         };
         OnProcesses {
             cluster: ProcessCluster::new(options, places),
