@@ -2,34 +2,46 @@
 //! narrated for a person watching.
 //!
 //! The nodes are real child processes (this executable's `serve`, tcp
-//! fabric, loopback ports, fsync durability by default) whose data
-//! directories and logs stay on disk afterwards. The demo appends records,
-//! reads them back, kills the leader with SIGKILL, watches the failover,
-//! appends more, compares every survivor's log, restarts the killed node and
-//! watches it catch up, stops everything with SIGTERM and checks every ring
-//! offline. It exits 0 only when every check passed.
+//! fabric, loopback ports, fsync durability by default), started and
+//! stopped by the test kit's [`ProcessCluster`]; their data directories and
+//! logs stay on disk afterwards. The demo appends records, reads them back,
+//! kills the leader with SIGKILL, watches the failover, appends more,
+//! compares every survivor's log, restarts the killed node and watches it
+//! catch up, checks the history it recorded (appends, reads, the kill) with
+//! the Jepsen checker against every node's final log, stops everything with
+//! SIGTERM and checks every ring offline. It exits 0 only when every check
+//! passed. This module owns the steps, their narration and their checks;
+//! the processes are the kit's and the rules of a correct history are the
+//! checker's.
 //!
 //! It must never leave a process behind: children run in their own process
 //! group (so a terminal's Ctrl-C reaches only the demo, which then stops
 //! them), die with the demo's main thread (`PR_SET_PDEATHSIG`), and are
-//! killed by [`Cluster`]'s `Drop` on any early return or panic. Every step
-//! has a deadline.
+//! killed by [`ProcessCluster`]'s `Drop` on any early return or panic. Every
+//! step has a deadline. It must never panic on what a node answers: a wrong
+//! answer is a failed check.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ringraft_checker::history::{self, FinalRecord, ReadRecord, RunInfo};
+use ringraft_checker::{FinalLogs, Recorder, Verdict};
 use ringraft_client::proto::{Record, StatusResponse};
 use ringraft_client::{Client, Consistency};
+use ringraft_testkit::leader::{NodeView, Observe, Wanted, wait_for_leader};
+use ringraft_testkit::process::{
+    NodePlace, ProcessCluster, ProcessOptions, Stopped, ringraft_binary,
+};
 
 /// Nodes in the demo cluster.
 const NODES: u64 = 3;
-/// Ring data area per node, bytes (small: the demo writes little).
-const RING_CAPACITY_BYTES: u64 = 8 << 20;
+/// Steps the demo narrates.
+const TOTAL_STEPS: usize = 9;
 /// Time a node's client API gets per call while polling.
 const POLL_TIMEOUT: Duration = Duration::from_millis(700);
 /// Time a node's client API gets per append or read (an fsync'ed commit on
@@ -39,8 +51,13 @@ const DATA_TIMEOUT: Duration = Duration::from_secs(5);
 const POLL_PERIOD: Duration = Duration::from_millis(100);
 /// How long a node may take to exit after SIGTERM.
 const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long the nodes get to exit after SIGTERM when the demo is
+/// interrupted, before SIGKILL.
+const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
 /// Lines of a node's log shown when something went wrong.
 const LOG_TAIL_LINES: usize = 8;
+/// The nodes' `RUST_LOG` unless the demo's own environment sets one.
+const DEFAULT_RUST_LOG: &str = "info,openraft=warn";
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -72,280 +89,66 @@ impl From<String> for Failure {
 
 type StepResult<T> = Result<T, Failure>;
 
-struct DemoNode {
-    id: u64,
-    listen: String,
-    client: String,
-    dir: PathBuf,
-    log: PathBuf,
-    child: Option<Child>,
-}
-
-/// The cluster: its nodes and their processes. Dropping it kills every
-/// process still running.
-struct Cluster {
-    exe: PathBuf,
-    peers: String,
-    /// Where the nodes' rings live: `shm` in the demo's directory.
-    ring_dir: PathBuf,
-    durability: String,
-    nodes: BTreeMap<u64, DemoNode>,
-}
-
-fn free_port() -> Result<u16, String> {
-    ringraft_testkit::ports::free_port().map_err(|e| format!("no free loopback port: {e}"))
-}
-
-impl Cluster {
-    fn new(exe: PathBuf, base: PathBuf, durability: String) -> Result<Cluster, String> {
-        let mut nodes = BTreeMap::new();
-        for id in 1..=NODES {
-            nodes.insert(
-                id,
-                DemoNode {
-                    id,
-                    listen: format!("127.0.0.1:{}", free_port()?),
-                    client: format!("127.0.0.1:{}", free_port()?),
-                    dir: base.join(format!("node{id}")),
-                    log: base.join(format!("node{id}.log")),
-                    child: None,
-                },
-            );
-        }
-        let peers = nodes
-            .values()
-            .map(|n| format!("{}={}", n.id, n.listen))
-            .collect::<Vec<_>>()
-            .join(",");
-        Ok(Cluster {
-            exe,
-            peers,
+/// The nodes of the demo in `base`: data `node<id>`, log `node<id>.log`,
+/// rings in `shm` (the tcp fabric needs no tmpfs, so removing `base`
+/// removes everything); node 1 bootstraps.
+fn demo_cluster(exe: PathBuf, base: &Path, durability: &str) -> Result<ProcessCluster, String> {
+    let addr = || {
+        ringraft_testkit::ports::loopback_addr().map_err(|e| format!("no free loopback port: {e}"))
+    };
+    let mut places = BTreeMap::new();
+    for id in 1..=NODES {
+        let place = NodePlace {
+            listen: addr()?,
+            client: addr()?,
+            metrics: None,
+            data_dir: base.join(format!("node{id}")),
             ring_dir: base.join("shm"),
-            durability,
-            nodes,
-        })
-    }
-
-    /// Starts node `id` (appending to its log). Must run on the thread that
-    /// stays alive as long as the demo: the child's death signal is tied to
-    /// it.
-    fn start(&mut self, id: u64) -> Result<u32, String> {
-        let n = &self.nodes[&id];
-        let mut args: Vec<String> = vec![
-            "serve".into(),
-            "--id".into(),
-            id.to_string(),
-            "--data-dir".into(),
-            n.dir.display().to_string(),
-            // The rings stay with the demo's files (the tcp fabric needs no
-            // tmpfs), so that removing its directory removes everything.
-            "--ring-dir".into(),
-            self.ring_dir.display().to_string(),
-            "--listen".into(),
-            n.listen.clone(),
-            "--client".into(),
-            n.client.clone(),
-            "--peers".into(),
-            self.peers.clone(),
-            "--fabric".into(),
-            "tcp".into(),
-            "--durability".into(),
-            self.durability.clone(),
-            "--ring-capacity".into(),
-            RING_CAPACITY_BYTES.to_string(),
-            "--max-record".into(),
-            "65536".into(),
-        ];
-        if id == 1 {
-            args.push("--bootstrap".into());
-        }
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&n.log)
-            .map_err(|e| format!("log file {}: {e}", n.log.display()))?;
-        let log_err = log
-            .try_clone()
-            .map_err(|e| format!("log file {}: {e}", n.log.display()))?;
-        let parent = std::process::id() as libc::pid_t;
-        let mut cmd = Command::new(&self.exe);
-        cmd.args(&args)
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err)
-            .process_group(0);
-        // SAFETY: the closure runs in the forked child before exec and only
-        // makes async-signal-safe calls (prctl, getppid); it touches no
-        // memory of the parent.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // The demo died between fork and prctl: do not outlive it.
-                if libc::getppid() != parent {
-                    return Err(std::io::Error::other("the demo exited"));
-                }
-                Ok(())
-            });
-        }
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("starting node {id} ({}): {e}", self.exe.display()))?;
-        let pid = child.id();
-        self.nodes.get_mut(&id).expect("node exists").child = Some(child);
-        Ok(pid)
-    }
-
-    fn live(&self) -> Vec<u64> {
-        self.nodes
-            .values()
-            .filter(|n| n.child.is_some())
-            .map(|n| n.id)
-            .collect()
-    }
-
-    fn endpoints(&self, ids: &[u64]) -> Vec<String> {
-        ids.iter().map(|id| self.nodes[id].client.clone()).collect()
-    }
-
-    /// An error when a node that should run has exited.
-    fn check_alive(&mut self) -> Result<(), String> {
-        for n in self.nodes.values_mut() {
-            if let Some(c) = n.child.as_mut()
-                && let Ok(Some(status)) = c.try_wait()
-            {
-                n.child = None;
-                return Err(format!(
-                    "node {} exited unexpectedly ({status}); its log ends with:\n{}",
-                    n.id,
-                    log_tail(&n.log)
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    fn pid(&self, id: u64) -> Option<u32> {
-        self.nodes[&id].child.as_ref().map(Child::id)
-    }
-
-    /// SIGKILL, then reap.
-    fn kill9(&mut self, id: u64) -> Result<(), String> {
-        let n = self.nodes.get_mut(&id).expect("node exists");
-        let mut child = n
-            .child
-            .take()
-            .ok_or_else(|| format!("node {id} is not running"))?;
-        child
-            .kill()
-            .map_err(|e| format!("kill -9 node {id}: {e}"))?;
-        child
-            .wait()
-            .map_err(|e| format!("reaping node {id}: {e}"))?;
-        Ok(())
-    }
-
-    /// SIGTERM, then wait for a clean exit.
-    async fn stop(&mut self, id: u64) -> Result<Duration, String> {
-        let n = self.nodes.get_mut(&id).expect("node exists");
-        let Some(mut child) = n.child.take() else {
-            return Err(format!("node {id} is not running"));
+            log: base.join(format!("node{id}.log")),
+            netns: None,
         };
-        let started = Instant::now();
-        signal(child.id(), libc::SIGTERM);
-        loop {
-            match child.try_wait() {
-                Ok(Some(status)) if status.success() => return Ok(started.elapsed()),
-                Ok(Some(status)) => {
-                    return Err(format!(
-                        "node {id} exited with {status} on SIGTERM; its log ends with:\n{}",
-                        log_tail(&n.log)
-                    ));
-                }
-                Ok(None) if started.elapsed() > STOP_TIMEOUT => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(format!(
-                        "node {id} did not exit within {STOP_TIMEOUT:?} of SIGTERM (killed)"
-                    ));
-                }
-                Ok(None) => tokio::time::sleep(Duration::from_millis(50)).await,
-                Err(e) => return Err(format!("waiting for node {id}: {e}")),
-            }
-        }
+        places.insert(id, place);
     }
-
-    /// Every child still running: SIGTERM, a short grace, then SIGKILL.
-    async fn stop_all_quickly(&mut self) {
-        for n in self.nodes.values() {
-            if let Some(c) = &n.child {
-                signal(c.id(), libc::SIGTERM);
-            }
-        }
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while Instant::now() < deadline {
-            let mut running = false;
-            for n in self.nodes.values_mut() {
-                if let Some(c) = n.child.as_mut() {
-                    match c.try_wait() {
-                        Ok(None) => running = true,
-                        _ => n.child = None,
-                    }
-                }
-            }
-            if !running {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        self.kill_all();
-    }
-
-    fn kill_all(&mut self) {
-        for n in self.nodes.values_mut() {
-            if let Some(mut c) = n.child.take() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-    }
+    let binary = ringraft_binary(Some(exe)).map_err(|e| format!("this executable: {e}"))?;
+    let mut options = ProcessOptions::new(binary, "tcp", 1);
+    options.extra_serve_args = vec!["--durability".into(), durability.into()];
+    let rust_log = std::env::var("RUST_LOG").unwrap_or_else(|_| DEFAULT_RUST_LOG.into());
+    options.env = vec![("RUST_LOG".into(), Some(rust_log))];
+    options.die_with_parent = true;
+    options.stdout_to_log = true;
+    Ok(ProcessCluster::new(options, places))
 }
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        self.kill_all();
-    }
-}
-
-fn signal(pid: u32, sig: libc::c_int) {
-    if let Ok(pid) = libc::pid_t::try_from(pid) {
-        // SAFETY: kill(2) with a pid of a child we have not reaped yet (so
-        // the pid cannot have been reused).
-        unsafe {
-            libc::kill(pid, sig);
-        }
-    }
-}
-
-/// The last lines of a log file, indented.
-fn log_tail(path: &Path) -> String {
-    let text = std::fs::read(path).unwrap_or_default();
-    let text = String::from_utf8_lossy(&text);
-    let lines: Vec<&str> = text.lines().collect();
-    let from = lines.len().saturating_sub(LOG_TAIL_LINES);
+/// The last lines of node `id`'s log, indented.
+fn log_tail(cluster: &ProcessCluster, id: u64) -> String {
     let mut out = String::new();
-    for l in &lines[from..] {
+    for l in cluster.log_tail(id, LOG_TAIL_LINES).lines() {
         let _ = writeln!(out, "      | {l}");
     }
     if out.is_empty() {
         out = "      | (empty)\n".into();
     }
     out
+}
+
+/// An error when a node that should run has exited.
+fn check_alive(cluster: &ProcessCluster) -> Result<(), String> {
+    for id in cluster.nodes() {
+        if let Some(status) = cluster.exited(id) {
+            return Err(format!(
+                "node {id} exited unexpectedly ({status}); its log ends with:\n{}",
+                log_tail(cluster, id)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The client API addresses of `ids`.
+fn endpoints(cluster: &ProcessCluster, ids: &[u64]) -> Vec<String> {
+    ids.iter()
+        .filter_map(|id| cluster.place(*id).ok().map(|p| p.client.clone()))
+        .collect()
 }
 
 fn say(line: impl AsRef<str>) {
@@ -362,40 +165,34 @@ fn data_client(endpoints: Vec<String>, deadline: Duration) -> Client {
     Client::new(endpoints, DATA_TIMEOUT).with_deadline(deadline)
 }
 
-async fn status_of(cluster: &Cluster, id: u64) -> Option<StatusResponse> {
-    client(cluster.endpoints(&[id]), POLL_TIMEOUT)
+async fn status_of(cluster: &ProcessCluster, id: u64) -> Option<StatusResponse> {
+    client(endpoints(cluster, &[id]), POLL_TIMEOUT)
         .status()
         .await
         .ok()
 }
 
-/// Waits until every running node names the same running leader, whose
-/// term is above `above_term`; returns its status.
-async fn wait_for_leader(cluster: &mut Cluster, above_term: u64) -> StepResult<StatusResponse> {
-    loop {
-        cluster.check_alive()?;
-        let live = cluster.live();
-        let mut views = Vec::new();
-        for id in &live {
-            views.push(status_of(cluster, *id).await);
-        }
-        if let Some(Some(first)) = views.first()
-            && first.leader_id != 0
-            && live.contains(&first.leader_id)
-            && views
-                .iter()
-                .all(|v| v.as_ref().is_some_and(|v| v.leader_id == first.leader_id))
-        {
-            let k = live
-                .iter()
-                .position(|id| *id == first.leader_id)
-                .expect("the leader is live");
-            let leader = views[k].clone().expect("every view is present");
-            if leader.state == "Leader" && leader.term > above_term {
-                return Ok(leader);
-            }
-        }
-        tokio::time::sleep(POLL_PERIOD).await;
+/// The demo's nodes as the kit's leader-waiting sees them: each node's
+/// status over the client API; a node that exited ends the wait.
+struct Watched<'a>(&'a ProcessCluster);
+
+impl Observe for Watched<'_> {
+    fn running(&self) -> Vec<u64> {
+        self.0.running()
+    }
+
+    async fn view(&self, id: u64) -> Option<NodeView> {
+        let s = status_of(self.0, id).await?;
+        Some(NodeView {
+            id: s.id,
+            term: s.term,
+            leader: (s.leader_id != 0).then_some(s.leader_id),
+            is_leader: s.state == "Leader",
+        })
+    }
+
+    fn failed(&self) -> Option<String> {
+        check_alive(self.0).err()
     }
 }
 
@@ -441,6 +238,18 @@ fn check_records(who: &str, records: &[Record], expected: &[Vec<u8>]) -> Result<
     Ok(())
 }
 
+/// Checks that an append of `sent` records answered one increasing index
+/// per record, all above `above`.
+fn check_indexes(indexes: &[u64], sent: usize, above: u64) -> Result<(), String> {
+    if indexes.len() != sent
+        || indexes.windows(2).any(|w| w[0] >= w[1])
+        || indexes.first().is_some_and(|first| *first <= above)
+    {
+        return Err(format!("append answered with bad indexes {indexes:?}"));
+    }
+    Ok(())
+}
+
 /// Runs `step` with the step deadline.
 async fn bounded<T>(
     what: &str,
@@ -460,229 +269,451 @@ fn record(run: u32, k: usize) -> Vec<u8> {
     format!("demo {run:08x} record {k:03}: hello from ringraft").into_bytes()
 }
 
-async fn read_all(cluster: &Cluster, id: u64, deadline: Duration) -> Result<Vec<Record>, String> {
-    data_client(cluster.endpoints(&[id]), deadline)
-        .read(1, 0, Consistency::Linearizable)
-        .await
-        .map_err(|e| format!("linearizable read from node {id}: {e}"))
+/// The history's text of a record (the demo's records are ASCII).
+fn text(data: &[u8]) -> String {
+    String::from_utf8_lossy(data).into_owned()
 }
 
-async fn steps(cluster: &mut Cluster, config: &DemoConfig) -> StepResult<()> {
-    let timeout = config.step_timeout;
-    let run = rand::random::<u32>();
-    let total_steps = 8;
-    let mut step_no = 0;
-    let mut step = |title: &str| {
-        step_no += 1;
-        say(format!("\n[{step_no}/{total_steps}] {title}"));
-    };
+/// The node's records as the checker's final log.
+fn final_log(records: &[Record]) -> Vec<FinalRecord> {
+    records
+        .iter()
+        .map(|r| FinalRecord::new(r.index, r.term, text(&r.data)))
+        .collect()
+}
 
-    step("Starting 3 nodes (ringraft serve, tcp fabric on loopback)");
-    for id in 1..=NODES {
-        let pid = cluster.start(id)?;
-        let n = &cluster.nodes[&id];
-        say(format!(
-            "    node {id}: pid {pid}, raft {}, client API {}{}",
-            n.listen,
-            n.client,
-            if id == 1 { ", --bootstrap" } else { "" }
-        ));
+/// The checker's verdict on `history` against `finals`: the line the demo
+/// prints when it is valid, else the failure with the verdict's report.
+fn judge(history: &Recorder, finals: &FinalLogs) -> Result<String, String> {
+    let verdict: Verdict = history.check(finals);
+    if !verdict.valid {
+        return Err(format!("the checker rejects the history: {verdict}"));
+    }
+    Ok(format!(
+        "checker: valid, {} appends acknowledged, {} reads, {} anomalies",
+        verdict.summary.acked_appends,
+        verdict.summary.reads_checked,
+        verdict.anomalies.len()
+    ))
+}
+
+/// A run's cluster and what the demo recorded of it.
+struct Demo {
+    cluster: Arc<ProcessCluster>,
+    config: DemoConfig,
+    base: PathBuf,
+    /// Tags this run's records.
+    run: u32,
+    /// Every append, read and fault of the run, for the checker.
+    history: Recorder,
+    step_no: usize,
+    started: Instant,
+    /// Wall-clock start, RFC 3339 (for `run.json`).
+    started_at: String,
+}
+
+/// What the first leader was and what the first phase appended.
+struct FirstPhase {
+    leader: NodeView,
+    batch: Vec<Vec<u8>>,
+    last_index: u64,
+}
+
+impl Demo {
+    fn timeout(&self) -> Duration {
+        self.config.step_timeout
     }
 
-    step("Waiting for the nodes to elect a leader");
-    let started = Instant::now();
-    let first = bounded("electing a leader", timeout, wait_for_leader(cluster, 0)).await?;
-    let old_leader = first.leader_id;
-    say(format!(
-        "    node {} leads in term {} (after {:.1} s)",
-        old_leader,
-        first.term,
-        started.elapsed().as_secs_f64()
-    ));
-
-    step(&format!(
-        "Appending {} records, then reading them back (linearizable)",
-        config.records
-    ));
-    let all = cluster.endpoints(&cluster.live());
-    let batch1: Vec<Vec<u8>> = (0..config.records).map(|k| record(run, k)).collect();
-    let started = Instant::now();
-    let indexes = bounded("appending", timeout, async {
-        data_client(all.clone(), timeout)
-            .append(batch1.clone())
-            .await
-            .map_err(|e| Failure::Check(format!("append: {e}")))
-    })
-    .await?;
-    if indexes.len() != batch1.len() || indexes.windows(2).any(|w| w[0] >= w[1]) {
-        return Err(format!("append answered with bad indexes {indexes:?}").into());
+    fn step(&mut self, title: &str) {
+        self.step_no += 1;
+        say(format!("\n[{}/{TOTAL_STEPS}] {title}", self.step_no));
     }
-    say(format!(
-        "    committed at indexes {}..={} in {:.1} ms (each acknowledged once a majority stored it)",
-        indexes[0],
-        indexes[indexes.len() - 1],
-        started.elapsed().as_secs_f64() * 1e3
-    ));
-    say(format!(
-        "    e.g. index {}: {:?}",
-        indexes[0],
-        String::from_utf8_lossy(&batch1[0])
-    ));
-    let records = bounded("reading back", timeout, async {
-        read_all(cluster, old_leader, timeout)
-            .await
-            .map_err(Failure::Check)
-    })
-    .await?;
-    check_records(&format!("node {old_leader}"), &records, &batch1)?;
-    say(format!(
-        "    read {} records back from node {old_leader}: all intact",
-        records.len()
-    ));
 
-    step("Status of every node");
-    for id in cluster.live() {
-        // Retried within the step's deadline: one attempt of POLL_TIMEOUT is
-        // short for a loaded machine.
-        let s = bounded("status", timeout, async {
-            client(cluster.endpoints(&[id]), timeout)
-                .status()
+    fn place(&self, id: u64) -> Result<&NodePlace, String> {
+        self.cluster.place(id).map_err(|e| e.to_string())
+    }
+
+    /// Appends `batch` through `endpoints` in one append (one history
+    /// operation per record, sent to `via`, the leader the demo knows of),
+    /// bounded by the step deadline; the indexes it answered.
+    async fn append(
+        &self,
+        what: &str,
+        via: u64,
+        ids: &[u64],
+        batch: &[Vec<u8>],
+    ) -> StepResult<Vec<u64>> {
+        let ops: Vec<_> = batch
+            .iter()
+            .map(|data| {
+                let process = self.history.fresh_process();
+                self.history.invoke_append_via(process, via, text(data))
+            })
+            .collect();
+        let endpoints = endpoints(&self.cluster, ids);
+        let answer = bounded(what, self.timeout(), async {
+            data_client(endpoints, self.timeout())
+                .append(batch.to_vec())
                 .await
-                .map_err(|e| Failure::Check(format!("node {id} does not answer status: {e}")))
+                .map_err(|e| Failure::Check(format!("{what}: {e}")))
         })
-        .await?;
-        say(format!("    {}", describe(&s)));
-    }
-
-    step(&format!(
-        "kill -9 the leader (node {old_leader}, pid {})",
-        cluster.pid(old_leader).unwrap_or(0)
-    ));
-    cluster.kill9(old_leader)?;
-    let killed_at = Instant::now();
-    say(format!(
-        "    node {old_leader} is gone (SIGKILL: no shutdown, no flush)"
-    ));
-    let new = bounded(
-        "failing over",
-        timeout,
-        wait_for_leader(cluster, first.term),
-    )
-    .await?;
-    say(format!(
-        "    failover: node {} leads in term {} (was node {} in term {}), {:.1} s after the kill",
-        new.leader_id,
-        new.term,
-        old_leader,
-        first.term,
-        killed_at.elapsed().as_secs_f64()
-    ));
-
-    step(&format!(
-        "Appending {} more records through the survivors, then reading everything back from each",
-        config.records
-    ));
-    let survivors = cluster.live();
-    let batch2: Vec<Vec<u8>> = (config.records..2 * config.records)
-        .map(|k| record(run, k))
-        .collect();
-    let indexes2 = bounded("appending after the failover", timeout, async {
-        data_client(cluster.endpoints(&survivors), timeout)
-            .append(batch2.clone())
-            .await
-            .map_err(|e| Failure::Check(format!("append after the failover: {e}")))
-    })
-    .await?;
-    if indexes2.len() != batch2.len()
-        || indexes2.windows(2).any(|w| w[0] >= w[1])
-        || indexes2[0] <= indexes[indexes.len() - 1]
-    {
-        return Err(format!("append answered with bad indexes {indexes2:?}").into());
-    }
-    say(format!(
-        "    committed at indexes {}..={}",
-        indexes2[0],
-        indexes2[indexes2.len() - 1]
-    ));
-    let expected: Vec<Vec<u8>> = batch1.iter().chain(&batch2).cloned().collect();
-    let mut reference: Option<(u64, Vec<Record>)> = None;
-    for id in &survivors {
-        let records = bounded("reading from a survivor", timeout, async {
-            read_all(cluster, *id, timeout)
-                .await
-                .map_err(Failure::Check)
-        })
-        .await?;
-        check_records(&format!("node {id}"), &records, &expected)?;
-        if let Some((ref_id, reference)) = &reference
-            && reference != &records
-        {
-            return Err(format!("node {id}'s log differs from node {ref_id}'s").into());
-        }
-        say(format!(
-            "    node {id}: {} records, all intact, indexes {}..={}",
-            records.len(),
-            records[0].index,
-            records[records.len() - 1].index
-        ));
-        reference.get_or_insert((*id, records));
-    }
-    say("    the survivors' logs are identical (index, term and bytes of every record)");
-    let (_, reference) = reference.expect("two survivors");
-
-    step(&format!(
-        "Restarting node {old_leader} and letting it catch up"
-    ));
-    let pid = cluster.start(old_leader)?;
-    let restarted = Instant::now();
-    say(format!(
-        "    node {old_leader}: pid {pid}, same data directory"
-    ));
-    let target = new.commit_index.max(reference[reference.len() - 1].index);
-    let caught_up = bounded("catching up", timeout, async {
-        loop {
-            cluster.check_alive()?;
-            if let Some(s) = status_of(cluster, old_leader).await
-                && s.applied_index >= target
-                && s.leader_id != 0
-            {
-                return Ok(s);
+        .await;
+        match &answer {
+            Ok(indexes) if indexes.len() == ops.len() => {
+                for (op, index) in ops.into_iter().zip(indexes) {
+                    self.history.ok(op, *index);
+                }
             }
-            tokio::time::sleep(POLL_PERIOD).await;
+            _ => {
+                for op in ops {
+                    self.history
+                        .info(op, "no answer, or not one index per record");
+                }
+            }
         }
-    })
-    .await?;
-    say(format!(
-        "    caught up after {:.1} s: {}",
-        restarted.elapsed().as_secs_f64(),
-        describe(&caught_up)
-    ));
-    let records = bounded("reading from the restarted node", timeout, async {
-        read_all(cluster, old_leader, timeout)
-            .await
-            .map_err(Failure::Check)
-    })
-    .await?;
-    check_records(&format!("node {old_leader}"), &records, &expected)?;
-    if records != reference {
-        return Err(format!("node {old_leader}'s log differs from the survivors'").into());
+        answer
     }
-    say(format!(
-        "    node {old_leader} holds the same {} records as the others",
-        records.len()
-    ));
 
-    step("Stopping every node gracefully (SIGTERM), then checking every ring offline");
-    for id in 1..=NODES {
-        let took = cluster.stop(id).await?;
-        say(format!(
-            "    node {id} stopped cleanly in {:.1} s",
-            took.as_secs_f64()
-        ));
+    /// A linearizable read of node `id`'s whole log, bounded by the step
+    /// deadline; recorded in the history when `recorded`.
+    async fn read_all(&self, what: &str, id: u64, recorded: bool) -> StepResult<Vec<Record>> {
+        let op = recorded.then(|| {
+            let consistency = history::Consistency::Linearizable;
+            let process = self.history.fresh_process();
+            self.history.invoke_read(process, 1, None, consistency)
+        });
+        let endpoints = endpoints(&self.cluster, &[id]);
+        let answer = bounded(what, self.timeout(), async {
+            data_client(endpoints, self.timeout())
+                .read(1, 0, Consistency::Linearizable)
+                .await
+                .map_err(|e| Failure::Check(format!("linearizable read from node {id}: {e}")))
+        })
+        .await;
+        match (op, &answer) {
+            (Some(op), Ok(records)) => {
+                let seen = records
+                    .iter()
+                    .map(|r| ReadRecord {
+                        index: r.index,
+                        data: text(&r.data),
+                    })
+                    .collect();
+                self.history.read_ok(op, seen);
+            }
+            (Some(op), Err(_)) => self.history.info(op, "the read failed"),
+            (None, _) => {}
+        }
+        answer
     }
-    for n in cluster.nodes.values() {
-        let report = ringraft_wal::check(&n.dir)
-            .map_err(|e| format!("wal check {}: {e}", n.dir.display()))?;
+
+    /// Waits until every running node names the same running leader, in a
+    /// term above `above_term`.
+    async fn leader(&self, what: &str, above_term: u64) -> StepResult<NodeView> {
+        let wanted = Wanted {
+            above_term: Some(above_term),
+            ..Wanted::any(POLL_PERIOD)
+        };
+        bounded(what, self.timeout(), async {
+            wait_for_leader(&Watched(&self.cluster), &wanted, Duration::MAX)
+                .await
+                .map_err(|e| Failure::Check(format!("{what}: {e}")))
+        })
+        .await
+    }
+
+    async fn start_nodes(&mut self) -> StepResult<()> {
+        self.step("Starting 3 nodes (ringraft serve, tcp fabric on loopback)");
+        for id in 1..=NODES {
+            self.cluster.start(id).map_err(|e| e.to_string())?;
+            let place = self.place(id)?;
+            say(format!(
+                "    node {id}: pid {}, raft {}, client API {}{}",
+                self.cluster.pid(id).unwrap_or(0),
+                place.listen,
+                place.client,
+                if id == 1 { ", --bootstrap" } else { "" }
+            ));
+        }
+        Ok(())
+    }
+
+    async fn elect(&mut self) -> StepResult<NodeView> {
+        self.step("Waiting for the nodes to elect a leader");
+        let started = Instant::now();
+        let first = self.leader("electing a leader", 0).await?;
+        say(format!(
+            "    node {} leads in term {} (after {:.1} s)",
+            first.id,
+            first.term,
+            started.elapsed().as_secs_f64()
+        ));
+        Ok(first)
+    }
+
+    async fn append_and_read_back(&mut self, leader: NodeView) -> StepResult<FirstPhase> {
+        self.step(&format!(
+            "Appending {} records, then reading them back (linearizable)",
+            self.config.records
+        ));
+        let batch: Vec<Vec<u8>> = (0..self.config.records)
+            .map(|k| record(self.run, k))
+            .collect();
+        let started = Instant::now();
+        let all = self.cluster.running();
+        let indexes = self.append("appending", leader.id, &all, &batch).await?;
+        check_indexes(&indexes, batch.len(), 0)?;
+        let (first, last) = (indexes[0], indexes[indexes.len() - 1]);
+        say(format!(
+            "    committed at indexes {first}..={last} in {:.1} ms (each acknowledged once a majority stored it)",
+            started.elapsed().as_secs_f64() * 1e3
+        ));
+        say(format!("    e.g. index {first}: {:?}", text(&batch[0])));
+        let records = self.read_all("reading back", leader.id, true).await?;
+        check_records(&format!("node {}", leader.id), &records, &batch)?;
+        say(format!(
+            "    read {} records back from node {}: all intact",
+            records.len(),
+            leader.id
+        ));
+        Ok(FirstPhase {
+            leader,
+            batch,
+            last_index: last,
+        })
+    }
+
+    async fn show_status(&mut self) -> StepResult<()> {
+        self.step("Status of every node");
+        for id in self.cluster.running() {
+            // Retried within the step's deadline: one attempt of
+            // POLL_TIMEOUT is short for a loaded machine.
+            let endpoints = endpoints(&self.cluster, &[id]);
+            let s = bounded("status", self.timeout(), async {
+                client(endpoints, self.timeout())
+                    .status()
+                    .await
+                    .map_err(|e| Failure::Check(format!("node {id} does not answer status: {e}")))
+            })
+            .await?;
+            say(format!("    {}", describe(&s)));
+        }
+        Ok(())
+    }
+
+    async fn kill_leader(&mut self, old: &NodeView) -> StepResult<NodeView> {
+        self.step(&format!(
+            "kill -9 the leader (node {}, pid {})",
+            old.id,
+            self.cluster.pid(old.id).unwrap_or(0)
+        ));
+        self.history
+            .nemesis_start("kill", serde_json::json!({"node": old.id}));
+        self.cluster.kill(old.id).map_err(|e| e.to_string())?;
+        let killed_at = Instant::now();
+        say(format!(
+            "    node {} is gone (SIGKILL: no shutdown, no flush)",
+            old.id
+        ));
+        let new = self.leader("failing over", old.term).await?;
+        say(format!(
+            "    failover: node {} leads in term {} (was node {} in term {}), {:.1} s after the kill",
+            new.id,
+            new.term,
+            old.id,
+            old.term,
+            killed_at.elapsed().as_secs_f64()
+        ));
+        Ok(new)
+    }
+
+    /// Appends the second batch through the survivors and compares their
+    /// logs; returns the log they agree on.
+    async fn append_through_survivors(
+        &mut self,
+        first: &FirstPhase,
+        leader: &NodeView,
+    ) -> StepResult<Vec<Record>> {
+        self.step(&format!(
+            "Appending {} more records through the survivors, then reading everything back from each",
+            self.config.records
+        ));
+        let survivors = self.cluster.running();
+        let records = self.config.records;
+        let batch: Vec<Vec<u8>> = (records..2 * records)
+            .map(|k| record(self.run, k))
+            .collect();
+        let what = "appending after the failover";
+        let indexes = self.append(what, leader.id, &survivors, &batch).await?;
+        check_indexes(&indexes, batch.len(), first.last_index)?;
+        say(format!(
+            "    committed at indexes {}..={}",
+            indexes[0],
+            indexes[indexes.len() - 1]
+        ));
+        let expected: Vec<Vec<u8>> = first.batch.iter().chain(&batch).cloned().collect();
+        let mut reference: Option<(u64, Vec<Record>)> = None;
+        for &id in &survivors {
+            let records = self.read_all("reading from a survivor", id, true).await?;
+            check_records(&format!("node {id}"), &records, &expected)?;
+            if let Some((ref_id, reference)) = &reference
+                && reference != &records
+            {
+                return Err(format!("node {id}'s log differs from node {ref_id}'s").into());
+            }
+            say(format!(
+                "    node {id}: {} records, all intact, indexes {}..={}",
+                records.len(),
+                records[0].index,
+                records[records.len() - 1].index
+            ));
+            reference.get_or_insert((id, records));
+        }
+        let (_, reference) = reference.ok_or_else(|| "no survivor to read from".to_string())?;
+        say("    the survivors' logs are identical (index, term and bytes of every record)");
+        Ok(reference)
+    }
+
+    /// Restarts node `old` and waits until it applied what `leader`
+    /// committed and holds the survivors' log, `reference`.
+    async fn restart_and_catch_up(
+        &mut self,
+        old: u64,
+        leader: &NodeView,
+        reference: &[Record],
+    ) -> StepResult<()> {
+        self.step(&format!("Restarting node {old} and letting it catch up"));
+        let commit = status_of(&self.cluster, leader.id)
+            .await
+            .map_or(0, |s| s.commit_index);
+        self.cluster.start(old).map_err(|e| e.to_string())?;
+        self.history
+            .nemesis_stop("kill", serde_json::json!({"node": old}));
+        let restarted = Instant::now();
+        say(format!(
+            "    node {old}: pid {}, same data directory",
+            self.cluster.pid(old).unwrap_or(0)
+        ));
+        let target = commit.max(reference.last().map_or(0, |r| r.index));
+        let cluster = &self.cluster;
+        let caught_up = bounded("catching up", self.timeout(), async {
+            loop {
+                check_alive(cluster)?;
+                if let Some(s) = status_of(cluster, old).await
+                    && s.applied_index >= target
+                    && s.leader_id != 0
+                {
+                    return Ok(s);
+                }
+                tokio::time::sleep(POLL_PERIOD).await;
+            }
+        })
+        .await?;
+        say(format!(
+            "    caught up after {:.1} s: {}",
+            restarted.elapsed().as_secs_f64(),
+            describe(&caught_up)
+        ));
+        let what = "reading from the restarted node";
+        let records = self.read_all(what, old, true).await?;
+        if records != reference {
+            return Err(format!("node {old}'s log differs from the survivors'").into());
+        }
+        say(format!(
+            "    node {old} holds the same {} records as the others",
+            records.len()
+        ));
+        Ok(())
+    }
+
+    /// Reads every node's final log, writes the history and the logs to
+    /// the demo's directory, and has the checker judge them.
+    async fn check_history(&mut self) -> StepResult<()> {
+        self.step("Checking the recorded history against every node's final log");
+        let mut finals = FinalLogs::new();
+        for id in self.cluster.nodes() {
+            let records = self.read_all("reading a final log", id, false).await?;
+            finals.insert(id, final_log(&records));
+        }
+        self.write_run_files(&finals)?;
+        let events = self.history.events();
+        say(format!(
+            "    {} events recorded (appends, reads, the kill); final logs of {} nodes",
+            events.len(),
+            finals.len()
+        ));
+        let line = judge(&self.history, &finals)?;
+        say(format!("    {line}"));
+        Ok(())
+    }
+
+    /// `history.jsonl`, `final/<id>.jsonl` and `run.json` in the demo's
+    /// directory: a run directory of the Jepsen checker.
+    fn write_run_files(&self, finals: &FinalLogs) -> Result<(), String> {
+        let final_dir = self.base.join("final");
+        std::fs::create_dir_all(&final_dir).map_err(|e| format!("{}: {e}", final_dir.display()))?;
+        let path = self.base.join("history.jsonl");
+        history::write_history(&path, &self.history.events()).map_err(|e| e.to_string())?;
+        for (id, records) in finals {
+            let path = final_dir.join(format!("{id}.jsonl"));
+            history::write_final_log(&path, records).map_err(|e| e.to_string())?;
+        }
+        let info = RunInfo {
+            seed: u64::from(self.run),
+            substrate: "demo".into(),
+            nodes: self.cluster.nodes(),
+            nemeses: vec!["kill".into()],
+            duration_s: self.started.elapsed().as_secs_f64(),
+            clients: 1,
+            planted_bug: None,
+            started_at: self.started_at.clone(),
+        };
+        let path = self.base.join("run.json");
+        let json = serde_json::to_string_pretty(&info).map_err(|e| e.to_string())?;
+        std::fs::write(&path, json + "\n").map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    async fn stop_and_check_rings(&mut self) -> StepResult<()> {
+        self.step("Stopping every node gracefully (SIGTERM), then checking every ring offline");
+        for id in self.cluster.nodes() {
+            let cluster = Arc::clone(&self.cluster);
+            let started = Instant::now();
+            let stopped = tokio::task::spawn_blocking(move || cluster.stop(id, STOP_TIMEOUT))
+                .await
+                .map_err(|e| format!("stopping node {id}: {e}"))?
+                .map_err(|e| e.to_string())?;
+            match stopped {
+                Stopped::Exited(status) if status.success() => say(format!(
+                    "    node {id} stopped cleanly in {:.1} s",
+                    started.elapsed().as_secs_f64()
+                )),
+                Stopped::Exited(status) => {
+                    return Err(format!(
+                        "node {id} exited with {status} on SIGTERM; its log ends with:\n{}",
+                        log_tail(&self.cluster, id)
+                    )
+                    .into());
+                }
+                Stopped::Killed => {
+                    return Err(format!(
+                        "node {id} did not exit within {STOP_TIMEOUT:?} of SIGTERM (killed)"
+                    )
+                    .into());
+                }
+                Stopped::NotRunning => return Err(format!("node {id} is not running").into()),
+            }
+        }
+        for id in self.cluster.nodes() {
+            self.check_ring(id)?;
+        }
+        Ok(())
+    }
+
+    /// The offline `wal check` of stopped node `id`: no damage inside.
+    fn check_ring(&self, id: u64) -> Result<(), String> {
+        let dir = &self.place(id)?.data_dir;
+        let report =
+            ringraft_wal::check(dir).map_err(|e| format!("wal check {}: {e}", dir.display()))?;
         let verdict = report
             .to_string()
             .lines()
@@ -692,60 +723,124 @@ async fn steps(cluster: &mut Cluster, config: &DemoConfig) -> StepResult<()> {
             .trim()
             .to_string();
         say(format!(
-            "    node {}: {} valid entries (the records and Raft's own), {verdict}",
-            n.id, report.entries
+            "    node {id}: {} valid entries (the records and Raft's own), {verdict}",
+            report.entries
         ));
         if matches!(report.damage, ringraft_wal::Damage::CorruptInside(_)) {
-            return Err(format!("wal check of node {} found damage:\n{report}", n.id).into());
+            return Err(format!("wal check of node {id} found damage:\n{report}"));
+        }
+        Ok(())
+    }
+
+    async fn steps(&mut self) -> StepResult<()> {
+        self.start_nodes().await?;
+        let leader = self.elect().await?;
+        let first = self.append_and_read_back(leader).await?;
+        self.show_status().await?;
+        let old = first.leader.clone();
+        let new = self.kill_leader(&old).await?;
+        let reference = self.append_through_survivors(&first, &new).await?;
+        self.restart_and_catch_up(old.id, &new, &reference).await?;
+        self.check_history().await?;
+        self.stop_and_check_rings().await
+    }
+
+    /// Ends the run as `outcome` says; its exit code.
+    async fn finish(&self, outcome: StepResult<()>) -> ExitCode {
+        match outcome {
+            Ok(()) => {
+                say(format!(
+                    "\nPASS: every check passed ({:.1} s).",
+                    self.started.elapsed().as_secs_f64()
+                ));
+                ExitCode::SUCCESS
+            }
+            Err(Failure::Check(msg)) => {
+                say(format!("\nFAIL: {msg}"));
+                self.cluster.kill_all();
+                ExitCode::from(1)
+            }
+            Err(Failure::Interrupted) => {
+                say("\nInterrupted: stopping the nodes.");
+                let cluster = Arc::clone(&self.cluster);
+                let stopping =
+                    tokio::task::spawn_blocking(move || cluster.stop_all(INTERRUPT_GRACE));
+                if stopping.await.is_err() {
+                    self.cluster.kill_all();
+                }
+                ExitCode::from(130)
+            }
         }
     }
-    Ok(())
+
+    fn left_on_disk(&self) {
+        say("Left on disk for you to look at:");
+        for id in self.cluster.nodes() {
+            if let Ok(place) = self.place(id) {
+                say(format!(
+                    "    node {id}: data {}  log {}",
+                    place.data_dir.display(),
+                    place.log.display()
+                ));
+            }
+        }
+        if self.base.join("history.jsonl").is_file() {
+            say(format!(
+                "    history {}  final logs {}  (re-check: `ringraft-jepsen check {}`)",
+                self.base.join("history.jsonl").display(),
+                self.base.join("final").display(),
+                self.base.display()
+            ));
+        }
+        let data_dir = self.place(1).map(|p| p.data_dir.display().to_string());
+        say(format!(
+            "    (e.g. `ringraft wal check --data-dir {}`; remove {} when done)",
+            data_dir.unwrap_or_default(),
+            self.base.display()
+        ));
+    }
+}
+
+/// Checks the options and makes the demo's directory; the directory, or
+/// the message of a usage error.
+fn prepare(config: &DemoConfig) -> Result<PathBuf, String> {
+    if config.records == 0 || config.records > 1000 {
+        return Err("--records must be in 1..=1000".into());
+    }
+    if config.durability != "memory" && config.durability != "fsync" {
+        return Err("--durability must be memory or fsync".into());
+    }
+    match &config.dir {
+        Some(dir) => {
+            if std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some()) {
+                return Err(format!(
+                    "{} is not empty; give a new or empty directory",
+                    dir.display()
+                ));
+            }
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            Ok(dir.clone())
+        }
+        None => tempfile::Builder::new()
+            .prefix("ringraft-demo-")
+            .tempdir()
+            .map(|d| d.keep())
+            .map_err(|e| format!("creating a temp dir: {e}")),
+    }
 }
 
 /// Runs the demo. Must be driven on the thread that outlives it (the
 /// runtime's `block_on` thread): the nodes' death signal is tied to the
 /// thread that started them.
 pub async fn run(config: DemoConfig) -> ExitCode {
-    if config.records == 0 || config.records > 1000 {
-        eprintln!("ringraft demo: --records must be in 1..=1000");
-        return ExitCode::from(2);
-    }
-    if config.durability != "memory" && config.durability != "fsync" {
-        eprintln!("ringraft demo: --durability must be memory or fsync");
-        return ExitCode::from(2);
-    }
-    let exe = match std::env::current_exe() {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("ringraft demo: cannot find this executable: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let base = match &config.dir {
-        Some(dir) => {
-            if std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some()) {
-                eprintln!(
-                    "ringraft demo: {} is not empty; give a new or empty directory",
-                    dir.display()
-                );
-                return ExitCode::from(2);
-            }
-            if let Err(e) = std::fs::create_dir_all(dir) {
-                eprintln!("ringraft demo: {}: {e}", dir.display());
-                return ExitCode::from(2);
-            }
-            dir.clone()
-        }
-        None => match tempfile::Builder::new().prefix("ringraft-demo-").tempdir() {
-            Ok(d) => d.keep(),
-            Err(e) => {
-                eprintln!("ringraft demo: creating a temp dir: {e}");
-                return ExitCode::from(2);
-            }
-        },
-    };
-    let mut cluster = match Cluster::new(exe, base.clone(), config.durability.clone()) {
-        Ok(c) => c,
+    let prepared = prepare(&config).and_then(|base| {
+        let exe =
+            std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+        let cluster = demo_cluster(exe, &base, &config.durability)?;
+        Ok((base, cluster))
+    });
+    let (base, cluster) = match prepared {
+        Ok(p) => p,
         Err(e) => {
             eprintln!("ringraft demo: {e}");
             return ExitCode::from(2);
@@ -758,46 +853,92 @@ pub async fn run(config: DemoConfig) -> ExitCode {
         config.step_timeout.as_secs()
     ));
     say(format!("    data and logs: {}", base.display()));
-    let started = Instant::now();
+    let mut demo = Demo {
+        cluster: Arc::new(cluster),
+        config,
+        base,
+        run: rand::random::<u32>(),
+        history: Recorder::new(),
+        step_no: 0,
+        started: Instant::now(),
+        started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+    };
     let outcome = tokio::select! {
-        r = steps(&mut cluster, &config) => r,
+        r = demo.steps() => r,
         // Without the handlers a signal ends the process; the children then
         // die with it (PR_SET_PDEATHSIG).
         _ = ringraft_testkit::signals::interrupted() => Err(Failure::Interrupted),
     };
-    let code = match outcome {
-        Ok(()) => {
-            say(format!(
-                "\nPASS: every check passed ({:.1} s).",
-                started.elapsed().as_secs_f64()
-            ));
-            ExitCode::SUCCESS
-        }
-        Err(Failure::Check(msg)) => {
-            say(format!("\nFAIL: {msg}"));
-            cluster.kill_all();
-            ExitCode::from(1)
-        }
-        Err(Failure::Interrupted) => {
-            say("\nInterrupted: stopping the nodes.");
-            cluster.stop_all_quickly().await;
-            ExitCode::from(130)
-        }
-    };
-    say("Left on disk for you to look at:");
-    for n in cluster.nodes.values() {
-        say(format!(
-            "    node {}: data {}  log {}",
-            n.id,
-            n.dir.display(),
-            n.log.display()
-        ));
-    }
-    say(format!(
-        "    (e.g. `{} wal check --data-dir {}`; remove {} when done)",
-        "ringraft",
-        cluster.nodes[&1].dir.display(),
-        base.display()
-    ));
+    let code = demo.finish(outcome).await;
+    demo.left_on_disk();
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(index: u64, term: u64, data: &str) -> Record {
+        Record {
+            index,
+            term,
+            data: data.as_bytes().to_vec(),
+        }
+    }
+
+    /// The demo's history shape: two acknowledged appends, a read, a kill.
+    fn demo_history() -> Recorder {
+        let history = Recorder::new();
+        for (k, data) in ["a", "b"].iter().enumerate() {
+            let op = history.invoke_append_via(history.fresh_process(), 1, *data);
+            history.ok(op, k as u64 + 1);
+        }
+        let consistency = history::Consistency::Linearizable;
+        let read = history.invoke_read(history.fresh_process(), 1, None, consistency);
+        let seen = ["a", "b"]
+            .iter()
+            .enumerate()
+            .map(|(k, d)| ReadRecord {
+                index: k as u64 + 1,
+                data: d.to_string(),
+            })
+            .collect();
+        history.read_ok(read, seen);
+        history.nemesis_start("kill", serde_json::json!({"node": 1}));
+        history.nemesis_stop("kill", serde_json::json!({"node": 1}));
+        history
+    }
+
+    #[test]
+    fn the_checker_passes_a_good_run_and_fails_a_lost_record() {
+        let good = final_log(&[rec(1, 1, "a"), rec(2, 1, "b")]);
+        let finals: FinalLogs = (1..=3).map(|id| (id, good.clone())).collect();
+        let line = judge(&demo_history(), &finals).unwrap();
+        assert_eq!(
+            line,
+            "checker: valid, 2 appends acknowledged, 1 reads, 0 anomalies"
+        );
+        // One node lost the acknowledged "b".
+        let mut finals = finals;
+        finals.insert(2, final_log(&[rec(1, 1, "a")]));
+        let failure = judge(&demo_history(), &finals).unwrap_err();
+        assert!(failure.contains("INVALID"), "{failure}");
+        // Every node lost it.
+        let lost: FinalLogs = (1..=3)
+            .map(|id| (id, final_log(&[rec(1, 1, "a")])))
+            .collect();
+        assert!(judge(&demo_history(), &lost).is_err());
+    }
+
+    #[test]
+    fn bad_indexes_are_a_failed_check() {
+        assert!(check_indexes(&[3, 4], 2, 2).is_ok());
+        assert!(check_indexes(&[3], 2, 2).is_err(), "one index short");
+        assert!(check_indexes(&[4, 3], 2, 2).is_err(), "decreasing");
+        assert!(
+            check_indexes(&[2, 3], 2, 2).is_err(),
+            "not above the first phase"
+        );
+        assert!(check_indexes(&[], 0, 0).is_ok());
+    }
 }
