@@ -1,7 +1,8 @@
 //! The test kit of ringraft: what every harness that drives a cluster
 //! needs, written once. Free loopback ports ([`ports`]), the arguments of
 //! `ringraft serve` ([`serve`]), a cluster of `ringraft serve` child
-//! processes ([`process`]), waiting for an agreed leader over one small
+//! processes ([`process`]: the Jepsen runner's, the demo's and the CLI's
+//! end-to-end tests'), waiting for an agreed leader over one small
 //! trait ([`leader`]), Ctrl-C/SIGTERM ([`signals`]) and, with the `inproc`
 //! feature, the in-process cluster of the integration tests ([`inproc`]).
 //!

@@ -12,37 +12,73 @@ use crate::harness::*;
 #[test]
 fn bad_input_gets_clear_errors_and_the_cluster_keeps_serving() {
     let c = Cluster::start(3, &[]);
-    assert!(c.cli(&["append", "before"]).status.success());
-    // Garbage on every port of every node.
-    for n in c.nodes.values() {
-        for addr in [&n.client, &n.listen, &n.metrics] {
-            raw_garbage(addr, b"\x16\x03\x01\x02\x00garbage\xff\xff\xff\xff");
-            raw_garbage(addr, &[0u8; 70_000]);
-            raw_garbage(addr, b"GET /../../etc/passwd HTTP/1.1\r\n\r\n");
+    let history = History::default();
+    assert_ok(
+        &history
+            .append_lines(&c.endpoints(), &["before".to_string()])
+            .0,
+    );
+    garbage_on_every_port(&c);
+    requests_no_node_accepts(&c, &history);
+    // Every garbage connection to a node's fabric port was refused (and
+    // counted: waiting for the count, not for a time).
+    let garbage: BTreeMap<u64, u64> = c.ids().into_iter().map(|id| (id, 2)).collect();
+    c.wait_counters_above("rejected_handshakes", &garbage, Duration::from_secs(60));
+    outsiders_cannot_join(&c);
+    // Every node still serves, the log is intact, nobody was disturbed.
+    assert_ok(
+        &history
+            .append_lines(&c.endpoints(), &["after".to_string()])
+            .0,
+    );
+    let data: Vec<String> = history
+        .read_all(&c, &c.endpoints())
+        .into_iter()
+        .map(|(_, d)| d)
+        .collect();
+    assert_eq!(data, vec!["before", "after"]);
+    for id in c.ids() {
+        assert!(c.status(id).is_some(), "node {id} still answers");
+    }
+    history.assert_valid(&c.final_logs(&c.ids()));
+    let members = c.cli(&["members", "list"]);
+    assert_eq!(lines(&members).len(), 3, "nobody joined");
+}
+
+/// Garbage, a huge zero message and an HTTP path attack on every port of
+/// every node.
+fn garbage_on_every_port(c: &Cluster) {
+    for id in c.ids() {
+        for addr in [c.client(id), c.listen(id), c.metrics(id)] {
+            raw_garbage(&addr, b"\x16\x03\x01\x02\x00garbage\xff\xff\xff\xff");
+            raw_garbage(&addr, &[0u8; 70_000]);
+            raw_garbage(&addr, b"GET /../../etc/passwd HTTP/1.1\r\n\r\n");
         }
     }
-    // A record above --max-record.
+}
+
+/// A record above `--max-record`, a bad range and bad client arguments:
+/// each refused with a clear error.
+fn requests_no_node_accepts(c: &Cluster, history: &History) {
     let big = "x".repeat(70_000);
-    let out = c.cli(&["append", &big]);
+    let (out, _) = history.append_lines(&c.endpoints(), &[big]);
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("max-record"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // A bad range.
     let out = c.cli(&["read", "--from", "10", "--to", "2"]);
     assert!(!out.status.success());
     // Bad client arguments are refused before anything is sent.
     let out = c.cli(&["read", "--format", "xml"]);
     assert!(!out.status.success());
-    // Every garbage connection to a node's fabric port was refused (and
-    // counted: waiting for the count, not for a time).
-    let garbage: BTreeMap<u64, u64> = c.nodes.keys().map(|id| (*id, 2)).collect();
-    c.wait_counters_above("rejected_handshakes", &garbage, Duration::from_secs(60));
-    // A node that does not hold the secret cannot join, nor one with the
-    // right secret but another cluster id. Each runs until every node of the
-    // cluster refused it once.
+}
+
+/// A node that does not hold the secret cannot join, nor one with the
+/// right secret but another cluster id. Each runs until every node of the
+/// cluster refused it once.
+fn outsiders_cannot_join(c: &Cluster) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("secret"),
@@ -56,9 +92,9 @@ fn bad_input_gets_clear_errors_and_the_cluster_keeps_serving() {
     ] {
         let listen = format!("127.0.0.1:{}", free_port());
         let refused_before: BTreeMap<u64, u64> = c
-            .nodes
-            .keys()
-            .map(|n| (*n, c.nic_counter(*n, "rejected_handshakes").unwrap()))
+            .ids()
+            .into_iter()
+            .map(|n| (n, c.nic_counter(n, "rejected_handshakes").unwrap()))
             .collect();
         let mut outsider = Command::new(BIN)
             .args([
@@ -74,7 +110,7 @@ fn bad_input_gets_clear_errors_and_the_cluster_keeps_serving() {
                 "--client",
                 &format!("127.0.0.1:{}", free_port()),
                 "--peers",
-                &format!("{id}={listen},{}", c.peers),
+                &format!("{id}={listen},{}", c.peers()),
                 "--fabric",
                 "tcp",
                 "--bootstrap",
@@ -92,28 +128,15 @@ fn bad_input_gets_clear_errors_and_the_cluster_keeps_serving() {
         let _ = outsider.kill();
         let _ = outsider.wait();
     }
-    // Every node still serves, the log is intact, nobody was disturbed.
-    assert!(c.cli(&["append", "after"]).status.success());
-    let data: Vec<String> = c
-        .read_all(&c.endpoints())
-        .into_iter()
-        .map(|(_, d)| d)
-        .collect();
-    assert_eq!(data, vec!["before", "after"]);
-    for n in c.nodes.values() {
-        assert!(c.status(n.id).is_some(), "node {} still answers", n.id);
-    }
-    let members = c.cli(&["members", "list"]);
-    assert_eq!(lines(&members).len(), 3, "nobody joined");
 }
 
 #[test]
 fn a_data_dir_of_another_node_or_cluster_is_refused() {
-    let mut c = Cluster::start(3, &[]);
+    let c = Cluster::start(3, &[]);
     assert!(c.cli(&["append", "x"]).status.success());
     c.stop(2);
     // Node 3's data dir for node 2.
-    let dir3 = c.nodes[&3].dir.clone();
+    let dir3 = c.dir(3);
     let mut args = c.serve_args(2);
     let k = args.iter().position(|a| a == "--data-dir").unwrap();
     args[k + 1] = dir3.to_str().unwrap().to_string();
@@ -137,7 +160,7 @@ fn a_data_dir_of_another_node_or_cluster_is_refused() {
     // The right directory still works.
     c.boot(2);
     c.wait_leader(Duration::from_secs(30));
-    assert_eq!(c.read_all(&c.nodes[&2].client).len(), 1);
+    assert_eq!(c.read_all(&c.client(2)).len(), 1);
 }
 
 #[test]
@@ -182,12 +205,6 @@ fn bad_configuration_is_refused_at_start() {
 /// the test's own bound, which is the failure. Nothing here is timed.
 #[test]
 fn input_no_node_accepts_fails_at_once_naming_the_limit() {
-    const MESSAGE_LIMIT: usize = 64 << 20;
-    // ringraft_client::client::MAX_RECORD_BYTES: the message limit less the
-    // request's other fields (22 bytes) and the record's tag and length
-    // (5 bytes).
-    const LARGEST_RECORD: usize = MESSAGE_LIMIT - 27;
-    const MAX_RECORD: usize = 16 << 20;
     let c = Cluster::start(
         1,
         &[
@@ -198,21 +215,57 @@ fn input_no_node_accepts_fails_at_once_naming_the_limit() {
         ],
     );
     let endpoints = c.endpoints();
-    // A slow machine may take long over one big request: never retry it
-    // for want of patience.
-    let append = [
-        "append",
-        "--deadline-ms",
-        "600000",
-        "--timeout-ms",
-        "300000",
-    ];
-    let bound = Duration::from_secs(300);
-    let line = |len: usize, byte: u8| {
-        let mut l = vec![byte; len];
-        l.push(b'\n');
-        l
-    };
+    lines_above_the_limits_are_refused(&endpoints);
+    // Five records of 14 MiB: each fits, together they do not.
+    let big: Vec<u8> = (0..5u8).flat_map(|k| line(14 << 20, b'0' + k)).collect();
+    let out = cli_bounded(&endpoints, &PATIENT_APPEND, big, BOUND);
+    assert!(
+        out.status.success(),
+        "records that fit one by one: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let indexes: Vec<u64> = lines(&out).iter().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(indexes.len(), 5, "an index per record");
+    // The node still serves, and holds exactly what was acknowledged: the
+    // first short line ("aaaaaaaaaa") was appended before the refusal.
+    let out = cli_bounded(&endpoints, &PATIENT_APPEND, b"after\n".to_vec(), BOUND);
+    assert!(out.status.success());
+    let mut expected: Vec<Vec<u8>> = vec![vec![b'a'; 10]];
+    expected.extend((0..5u8).map(|k| vec![b'0' + k; 14 << 20]));
+    expected.push(b"after".to_vec());
+    assert_log_holds(&endpoints, &expected);
+}
+
+/// The client API's message limit, bytes.
+const MESSAGE_LIMIT: usize = 64 << 20;
+/// ringraft_client::client::MAX_RECORD_BYTES: the message limit less the
+/// request's other fields (22 bytes) and the record's tag and length (5
+/// bytes).
+const LARGEST_RECORD: usize = MESSAGE_LIMIT - 27;
+/// The node's `--max-record`, bytes.
+const MAX_RECORD: usize = 16 << 20;
+/// A slow machine may take long over one big request: never retry it for
+/// want of patience.
+const PATIENT_APPEND: [&str; 5] = [
+    "append",
+    "--deadline-ms",
+    "600000",
+    "--timeout-ms",
+    "300000",
+];
+/// The test's bound on one client call.
+const BOUND: Duration = Duration::from_secs(300);
+
+/// A stdin line of `len` bytes `byte`.
+fn line(len: usize, byte: u8) -> Vec<u8> {
+    let mut l = vec![byte; len];
+    l.push(b'\n');
+    l
+}
+
+/// Lines above the message limit fail naming it, and one above
+/// `--max-record` fails naming that.
+fn lines_above_the_limits_are_refused(endpoints: &str) {
     for (what, input) in [
         ("a 64 MiB line", line(64 << 20, b'z')),
         (
@@ -224,7 +277,7 @@ fn input_no_node_accepts_fails_at_once_naming_the_limit() {
             [line(10, b'a'), line(LARGEST_RECORD + 1, b'b')].concat(),
         ),
     ] {
-        let out = cli_bounded(&endpoints, &append, input, bound);
+        let out = cli_bounded(endpoints, &PATIENT_APPEND, input, BOUND);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{what} was accepted");
         assert!(
@@ -232,37 +285,30 @@ fn input_no_node_accepts_fails_at_once_naming_the_limit() {
             "{what}: the error names the message limit: {stderr}"
         );
     }
-    let out = cli_bounded(&endpoints, &append, line(MAX_RECORD + 1, b'x'), bound);
+    let out = cli_bounded(
+        endpoints,
+        &PATIENT_APPEND,
+        line(MAX_RECORD + 1, b'x'),
+        BOUND,
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a record above --max-record");
     assert!(stderr.contains("--max-record"), "{stderr}");
-    // Five records of 14 MiB: each fits, together they do not.
-    let big: Vec<u8> = (0..5u8).flat_map(|k| line(14 << 20, b'0' + k)).collect();
-    let out = cli_bounded(&endpoints, &append, big, bound);
-    assert!(
-        out.status.success(),
-        "records that fit one by one: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let indexes: Vec<u64> = lines(&out).iter().map(|l| l.parse().unwrap()).collect();
-    assert_eq!(indexes.len(), 5, "an index per record");
-    // The node still serves, and holds exactly what was acknowledged: the
-    // first short line ("aaaaaaaaaa") was appended before the refusal.
-    let out = cli_bounded(&endpoints, &append, b"after\n".to_vec(), bound);
-    assert!(out.status.success());
+}
+
+/// The log read raw through `endpoints` is `expected`, byte for byte.
+fn assert_log_holds(endpoints: &str, expected: &[Vec<u8>]) {
     let out = cli_with(
-        &endpoints,
+        endpoints,
         &["read", "--format", "raw", "--deadline-ms", "600000"],
         None,
     );
     assert!(out.status.success());
     let records: Vec<&[u8]> = out.stdout.split(|b| *b == b'\n').collect();
-    let mut expected: Vec<Vec<u8>> = vec![vec![b'a'; 10]];
-    expected.extend((0..5u8).map(|k| vec![b'0' + k; 14 << 20]));
-    expected.push(b"after".to_vec());
-    expected.push(Vec::new()); // after the last newline
-    assert_eq!(records.len(), expected.len(), "records read back");
-    for (k, (got, want)) in records.iter().zip(&expected).enumerate() {
+    // The last newline is followed by nothing.
+    assert_eq!(records.len(), expected.len() + 1, "records read back");
+    assert_eq!(records.last(), Some(&&b""[..]));
+    for (k, (got, want)) in records.iter().zip(expected).enumerate() {
         assert!(*got == want.as_slice(), "record {k} differs");
     }
 }
@@ -298,8 +344,5 @@ fn other_commands_with_input_no_node_accepts_fail_at_once() {
     }
     // The node is still whole.
     let members = c.cli(&["members", "list"]);
-    assert_eq!(
-        lines(&members),
-        vec![format!("1 {} voter", c.nodes[&1].listen)]
-    );
+    assert_eq!(lines(&members), vec![format!("1 {} voter", c.listen(1))]);
 }

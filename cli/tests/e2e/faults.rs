@@ -1,6 +1,7 @@
 //! A cluster under faults, through the CLI: appends, reads and `--follow`
 //! across kill -9 of the leader, restarts of every node and a SIGSTOPped
-//! leader; every acknowledged record once, in order.
+//! leader; every acknowledged record once, in order (the Jepsen checker's
+//! verdict on the history each test records).
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -27,13 +28,16 @@ fn append_read_follow() {
     assert_eq!(lines(&out), vec!["alpha", "beta", "one", "two", "three"]);
     // Every node answers from its own log (stale reads may lag; the default
     // linearizable read waits until applied).
-    for n in c.nodes.values() {
-        let data: Vec<String> = c.read_all(&n.client).into_iter().map(|(_, d)| d).collect();
+    for id in c.ids() {
+        let data: Vec<String> = c
+            .read_all(&c.client(id))
+            .into_iter()
+            .map(|(_, d)| d)
+            .collect();
         assert_eq!(
             data,
             vec!["alpha", "beta", "one", "two", "three"],
-            "node {}",
-            n.id
+            "node {id}"
         );
     }
     // Follow: a streaming reader sees records appended after it started.
@@ -82,9 +86,24 @@ fn append_read_follow() {
     }
 }
 
+/// The lines the appender printed (one index per acknowledged record), sent
+/// on as they arrive.
+fn printed_lines(stdout: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
 #[test]
 fn kill_the_leader_and_keep_appending_exactly_once() {
-    let mut c = Cluster::start(3, &[]);
+    let c = Cluster::start(3, &[]);
+    let history = History::default();
     let leader = c.wait_leader(Duration::from_secs(30));
     let expected: Vec<String> = (0..300).map(|k| format!("rec-{k}")).collect();
     // One client session through the failover: the leader is killed once
@@ -105,33 +124,30 @@ fn kill_the_leader_and_keep_appending_exactly_once() {
         .spawn()
         .unwrap();
     let mut stdin = appender.stdin.take().unwrap();
-    let stdout = appender.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
+    let rx = printed_lines(appender.stdout.take().unwrap());
+    let mut ops = history.invoke(&expected[..256], None);
     stdin
         .write_all((expected[..256].join("\n") + "\n").as_bytes())
         .unwrap();
     stdin.flush().unwrap();
-    let mut indexes: Vec<String> = (0..256)
+    let mut indexes: Vec<u64> = (0..256)
         .map(|_| {
             rx.recv_timeout(Duration::from_secs(120))
                 .expect("the first 256 records are acknowledged")
+                .parse()
+                .unwrap()
         })
         .collect();
+    history.fault_start("kill", leader);
     c.kill9(leader);
+    ops.extend(history.invoke(&expected[256..], None));
     stdin
         .write_all((expected[256..].join("\n") + "\n").as_bytes())
         .unwrap();
     drop(stdin);
     loop {
         match rx.recv_timeout(Duration::from_secs(300)) {
-            Ok(line) => indexes.push(line),
+            Ok(line) => indexes.push(line.parse().unwrap()),
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                 let _ = appender.kill();
@@ -140,6 +156,7 @@ fn kill_the_leader_and_keep_appending_exactly_once() {
         }
     }
     let out = appender.wait_with_output().unwrap();
+    history.complete(ops, &indexes, &String::from_utf8_lossy(&out.stderr));
     assert!(
         out.status.success(),
         "append through the failover: {}",
@@ -148,27 +165,24 @@ fn kill_the_leader_and_keep_appending_exactly_once() {
     assert_eq!(indexes.len(), 300, "an index for every record");
     let new = c.wait_leader(Duration::from_secs(60));
     assert_ne!(new, leader);
-    let log = c.read_all(&c.endpoints());
-    assert_exactly_once(&log, &expected);
+    let log = history.read_all(&c, &c.endpoints());
     // The killed node comes back and catches up.
     let last = log.iter().map(|(i, _)| *i).max().unwrap();
     c.boot(leader);
+    history.fault_stop("kill", leader);
     c.wait_applied(leader, last, Duration::from_secs(120));
-    let log = c.read_all(&c.nodes[&leader].client);
-    assert_exactly_once(&log, &expected);
+    let verdict = history.assert_valid(&c.final_logs(&c.ids()));
+    assert_eq!(verdict.summary.acked_appends, 300);
 }
 
 #[test]
 fn restart_every_node_and_read_everything_back() {
     for durability in ["memory", "fsync"] {
-        let mut c = Cluster::start(3, &["--durability", durability]);
+        let c = Cluster::start(3, &["--durability", durability]);
+        let history = History::default();
         let expected: Vec<String> = (0..50).map(|k| format!("{durability}-{k}")).collect();
-        let out = cli_with(
-            &c.endpoints(),
-            &["append"],
-            Some(&(expected.join("\n") + "\n")),
-        );
-        assert!(out.status.success());
+        let (out, _) = history.append_lines(&c.endpoints(), &expected);
+        assert_ok(&out);
         for id in 1..=3 {
             c.stop(id);
         }
@@ -176,55 +190,48 @@ fn restart_every_node_and_read_everything_back() {
             c.boot(id);
         }
         c.wait_leader(Duration::from_secs(30));
-        let log = c.read_all(&c.endpoints());
-        assert_exactly_once(&log, &expected);
-        assert_eq!(log.len(), 50);
+        let finals = c.final_logs(&c.ids());
+        history.assert_valid(&finals);
+        for (id, log) in &finals {
+            assert_eq!(
+                log.len(),
+                50,
+                "node {id} holds what was appended, nothing else"
+            );
+        }
     }
 }
 
 #[test]
 fn a_paused_leader_resumes_without_divergence() {
-    let mut c = Cluster::start(3, &[]);
+    let c = Cluster::start(3, &[]);
+    let history = History::default();
     let old = c.wait_leader(Duration::from_secs(30));
     let first: Vec<String> = (0..20).map(|k| format!("a-{k}")).collect();
-    assert!(
-        cli_with(
-            &c.endpoints(),
-            &["append"],
-            Some(&(first.join("\n") + "\n"))
-        )
-        .status
-        .success()
-    );
-    c.signal(old, "-STOP");
+    assert_ok(&history.append_lines(&c.endpoints(), &first).0);
+    history.fault_start("pause", old);
+    c.pause(old);
     let others: Vec<String> = c
-        .nodes
-        .values()
-        .filter(|n| n.id != old)
-        .map(|n| n.client.clone())
+        .ids()
+        .into_iter()
+        .filter(|id| *id != old)
+        .map(|id| c.client(id))
         .collect();
     let second: Vec<String> = (0..20).map(|k| format!("b-{k}")).collect();
-    let out = cli_with(
-        &others.join(","),
-        &["append"],
-        Some(&(second.join("\n") + "\n")),
-    );
+    let (out, _) = history.append_lines(&others.join(","), &second);
     assert!(
         out.status.success(),
         "the others commit: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    c.signal(old, "-CONT");
+    c.resume(old);
+    history.fault_stop("pause", old);
     // All three agree on a leader only once the old one stepped down.
     let leader = c.wait_leader(Duration::from_secs(60));
     assert_ne!(leader, old, "the resumed old leader stepped down");
-    let all: Vec<String> = first.iter().chain(&second).cloned().collect();
-    let mut logs = Vec::new();
-    for n in c.nodes.values() {
-        let log = c.read_all(&n.client);
-        assert_exactly_once(&log, &all);
-        logs.push(log);
-    }
+    let finals = c.final_logs(&c.ids());
+    history.assert_valid(&finals);
+    let logs: Vec<_> = finals.values().collect();
     assert!(
         logs.windows(2).all(|w| w[0] == w[1]),
         "every node holds the same log"
@@ -232,15 +239,14 @@ fn a_paused_leader_resumes_without_divergence() {
     for id in 1..=3 {
         c.stop(id);
     }
-    for n in c.nodes.values() {
+    for id in c.ids() {
         let out = Command::new(BIN)
-            .args(["wal", "check", "--data-dir", n.dir.to_str().unwrap()])
+            .args(["wal", "check", "--data-dir", c.dir(id).to_str().unwrap()])
             .output()
             .unwrap();
         assert!(
             out.status.success(),
-            "wal check on node {}: {}",
-            n.id,
+            "wal check on node {id}: {}",
             String::from_utf8_lossy(&out.stdout)
         );
         assert!(String::from_utf8_lossy(&out.stdout).contains("verdict"));

@@ -1,35 +1,40 @@
 //! The harness of the end-to-end tests: a cluster of `ringraft serve`
-//! processes on loopback (its own data and ring directories, killed and
-//! cleaned up when dropped), the `ringraft` client run bounded in time, and
-//! the checks the tests share (exactly once, in order). Owns the processes
-//! it starts; never leaves one running after its test.
+//! processes on loopback (the test kit's `ProcessCluster`, with its own data
+//! and ring directories, killed and cleaned up when dropped), the
+//! `ringraft` client run bounded in time, and the history a test records of
+//! what the client was told ([`History`]), judged by the Jepsen checker
+//! against the nodes' final logs. Owns the temporary directories and the
+//! processes it starts; never leaves one running after its test, and never
+//! judges a history itself (the checker does).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use ringraft_checker::history::{Consistency, FinalRecord, ReadRecord};
+use ringraft_checker::{FinalLogs, OpHandle, Recorder, Verdict};
+use ringraft_testkit::leader::{NodeView, Observe, Wanted, wait_for_leader};
+use ringraft_testkit::process::{
+    NodePlace, ProcessCluster, ProcessOptions, Stopped, ringraft_binary,
+};
+
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_ringraft");
+
+/// How long a node gets to exit on SIGTERM.
+const STOP_GRACE: Duration = Duration::from_secs(20);
 
 pub(crate) fn free_port() -> u16 {
     ringraft_testkit::ports::free_port().unwrap()
 }
 
-pub(crate) struct Node {
-    pub(crate) id: u64,
-    pub(crate) listen: String,
-    pub(crate) client: String,
-    pub(crate) metrics: String,
-    pub(crate) dir: PathBuf,
-    pub(crate) child: Option<Child>,
-}
-
+/// The test's cluster: `ringraft serve` processes (node 1 bootstraps) with
+/// their files in a temporary directory.
 pub(crate) struct Cluster {
-    pub(crate) nodes: BTreeMap<u64, Node>,
-    pub(crate) peers: String,
+    /// Declared first: dropped (every node killed) before `base` is removed.
+    procs: ProcessCluster,
     pub(crate) base: tempfile::TempDir,
-    pub(crate) extra: Vec<String>,
 }
 
 impl Cluster {
@@ -38,8 +43,9 @@ impl Cluster {
         self.base.path().join("shm")
     }
 
+    /// `n` nodes with `extra` serve flags, all started, a leader agreed.
     pub(crate) fn start(n: u64, extra: &[&str]) -> Cluster {
-        let mut c = Cluster::new(n, extra);
+        let c = Cluster::new(n, extra);
         for id in 1..=n {
             c.boot(id);
         }
@@ -49,130 +55,129 @@ impl Cluster {
 
     /// The cluster's nodes, none started yet.
     pub(crate) fn new(n: u64, extra: &[&str]) -> Cluster {
+        Cluster::new_placed(n, extra, |_, _| {})
+    }
+
+    /// Like [`Cluster::new`], with each node's place changed by `adjust`
+    /// (e.g. a data directory on another file system).
+    pub(crate) fn new_placed(
+        n: u64,
+        extra: &[&str],
+        adjust: impl Fn(u64, &mut NodePlace),
+    ) -> Cluster {
         let base = tempfile::tempdir().unwrap();
-        let mut nodes = BTreeMap::new();
-        for id in 1..=n {
-            nodes.insert(
-                id,
-                Node {
-                    id,
-                    listen: format!("127.0.0.1:{}", free_port()),
-                    client: format!("127.0.0.1:{}", free_port()),
-                    metrics: format!("127.0.0.1:{}", free_port()),
-                    dir: base.path().join(format!("n{id}")),
-                    child: None,
-                },
-            );
-        }
-        let peers = nodes
-            .values()
-            .map(|n| format!("{}={}", n.id, n.listen))
-            .collect::<Vec<_>>()
-            .join(",");
+        let addr = || format!("127.0.0.1:{}", free_port());
+        let places = (1..=n)
+            .map(|id| {
+                let mut place = NodePlace {
+                    listen: addr(),
+                    client: addr(),
+                    metrics: Some(addr()),
+                    data_dir: base.path().join(format!("n{id}")),
+                    // Rings in the test's own directory, not in /dev/shm.
+                    ring_dir: base.path().join("shm"),
+                    log: base.path().join(format!("n{id}.log")),
+                    netns: None,
+                };
+                adjust(id, &mut place);
+                (id, place)
+            })
+            .collect();
+        let mut options = ProcessOptions::new(ringraft_binary(Some(BIN.into())).unwrap(), "tcp", 1);
+        options.extra_serve_args = extra.iter().map(|s| s.to_string()).collect();
+        // A test binary killed half-way leaves no node behind.
+        options.die_with_parent = true;
         Cluster {
-            nodes,
-            peers,
+            procs: ProcessCluster::new(options, places),
             base,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
         }
     }
 
+    fn place(&self, id: u64) -> &NodePlace {
+        self.procs.place(id).unwrap()
+    }
+
+    /// The node ids.
+    pub(crate) fn ids(&self) -> Vec<u64> {
+        self.procs.nodes()
+    }
+
+    /// Node `id`'s client API address.
+    pub(crate) fn client(&self, id: u64) -> String {
+        self.place(id).client.clone()
+    }
+
+    /// Node `id`'s raft (control plane) address.
+    pub(crate) fn listen(&self, id: u64) -> String {
+        self.place(id).listen.clone()
+    }
+
+    /// Node `id`'s metrics address.
+    pub(crate) fn metrics(&self, id: u64) -> String {
+        self.place(id).metrics.clone().unwrap_or_default()
+    }
+
+    /// Node `id`'s data directory.
+    pub(crate) fn dir(&self, id: u64) -> PathBuf {
+        self.place(id).data_dir.clone()
+    }
+
+    /// Node `id`'s log (its stderr, across restarts).
+    pub(crate) fn log(&self, id: u64) -> String {
+        std::fs::read_to_string(&self.place(id).log).unwrap_or_default()
+    }
+
+    /// `--peers` of the cluster.
+    pub(crate) fn peers(&self) -> String {
+        let listens: Vec<(u64, String)> = self
+            .ids()
+            .iter()
+            .map(|id| (*id, self.listen(*id)))
+            .collect();
+        ringraft_testkit::serve::peers_arg(listens.iter().map(|(id, l)| (*id, l.as_str())))
+    }
+
+    /// Node `id`'s `ringraft serve` arguments.
     pub(crate) fn serve_args(&self, id: u64) -> Vec<String> {
-        let n = &self.nodes[&id];
-        let ring_dir = self.ring_dir();
-        let mut args: Vec<String> = [
-            "serve",
-            "--id",
-            &id.to_string(),
-            "--data-dir",
-            n.dir.to_str().unwrap(),
-            // Rings in the test's own directory, not in /dev/shm.
-            "--ring-dir",
-            ring_dir.to_str().unwrap(),
-            "--listen",
-            &n.listen,
-            "--client",
-            &n.client,
-            "--peers",
-            &self.peers,
-            "--fabric",
-            "tcp",
-            "--metrics",
-            &n.metrics,
-            "--ring-capacity",
-            "8388608",
-            "--max-record",
-            "65536",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        // An option given in `extra` replaces its default above (every
-        // option above takes a value).
-        for flag in self.extra.iter().filter(|a| a.starts_with("--")) {
-            if let Some(k) = args.iter().position(|a| a == flag) {
-                args.drain(k..=k + 1);
-            }
-        }
-        if id == 1 {
-            args.push("--bootstrap".into());
-        }
-        args.extend(self.extra.iter().cloned());
-        args
+        self.procs.serve_args(id).unwrap()
     }
 
-    pub(crate) fn boot(&mut self, id: u64) {
-        let args = self.serve_args(id);
-        let log = std::fs::File::create(self.base.path().join(format!("n{id}.log"))).unwrap();
-        let child = Command::new(BIN)
-            .args(&args)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.nodes.get_mut(&id).unwrap().child = Some(child);
+    /// Starts node `id`.
+    pub(crate) fn boot(&self, id: u64) {
+        self.procs.start(id).unwrap();
     }
 
-    pub(crate) fn kill9(&mut self, id: u64) {
-        let mut child = self.nodes.get_mut(&id).unwrap().child.take().unwrap();
-        child.kill().unwrap();
-        child.wait().unwrap();
+    /// SIGKILL node `id` (which must run).
+    pub(crate) fn kill9(&self, id: u64) {
+        assert!(self.procs.is_running(id), "node {id} is not running");
+        self.procs.kill(id).unwrap();
     }
 
-    pub(crate) fn signal(&self, id: u64, sig: &str) {
-        let pid = self.nodes[&id].child.as_ref().unwrap().id();
-        let ok = Command::new("kill")
-            .args([sig, &pid.to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig} {pid}");
+    /// SIGSTOP node `id`.
+    pub(crate) fn pause(&self, id: u64) {
+        self.procs.pause(id).unwrap();
     }
 
-    pub(crate) fn stop(&mut self, id: u64) {
-        self.signal(id, "-TERM");
-        let mut child = self.nodes.get_mut(&id).unwrap().child.take().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                assert!(
-                    status.success(),
-                    "node {id} exited with {status} on SIGTERM"
-                );
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "node {id} did not stop on SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(50));
+    /// SIGCONT node `id`.
+    pub(crate) fn resume(&self, id: u64) {
+        self.procs.resume(id).unwrap();
+    }
+
+    /// SIGTERM node `id`; it must exit 0 within the grace.
+    pub(crate) fn stop(&self, id: u64) {
+        match self.procs.stop(id, STOP_GRACE).unwrap() {
+            Stopped::Exited(status) => assert!(
+                status.success(),
+                "node {id} exited with {status} on SIGTERM"
+            ),
+            other => panic!("node {id} did not stop on SIGTERM: {other:?}"),
         }
     }
 
     pub(crate) fn endpoints(&self) -> String {
-        self.nodes
-            .values()
-            .map(|n| n.client.clone())
+        self.ids()
+            .iter()
+            .map(|id| self.client(*id))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -183,7 +188,7 @@ impl Cluster {
 
     pub(crate) fn status(&self, id: u64) -> Option<serde_json::Value> {
         let out = cli_with(
-            &self.nodes[&id].client,
+            &self.client(id),
             &["status", "--json", "--timeout-ms", "1000"],
             None,
         );
@@ -193,24 +198,18 @@ impl Cluster {
         serde_json::from_slice(&out.stdout).ok()
     }
 
-    /// The leader agreed by every running node.
+    /// The leader agreed by every running node (the test kit's rule: each
+    /// names it, and it is in the Leader state); a node that exited fails
+    /// the wait at once.
     pub(crate) fn wait_leader(&self, timeout: Duration) -> u64 {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let leaders: Vec<Option<u64>> = self
-                .nodes
-                .values()
-                .filter(|n| n.child.is_some())
-                .map(|n| self.status(n.id).and_then(|s| s["leader_id"].as_u64()))
-                .collect();
-            if let Some(Some(l)) = leaders.first()
-                && leaders.iter().all(|x| *x == Some(*l))
-                && self.nodes[l].child.is_some()
-            {
-                return *l;
-            }
-            assert!(Instant::now() < deadline, "no agreed leader: {leaders:?}");
-            std::thread::sleep(Duration::from_millis(100));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let wanted = Wanted::any(Duration::from_millis(100));
+        match runtime.block_on(wait_for_leader(self, &wanted, timeout)) {
+            Ok(leader) => leader.id,
+            Err(e) => panic!("no agreed leader: {e}"),
         }
     }
 
@@ -238,7 +237,7 @@ impl Cluster {
 
     /// A counter of node `id`'s fabric device, from its metrics endpoint.
     pub(crate) fn nic_counter(&self, id: u64, counter: &str) -> Option<u64> {
-        let mut s = std::net::TcpStream::connect(&self.nodes[&id].metrics).ok()?;
+        let mut s = std::net::TcpStream::connect(self.metrics(id)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
         s.write_all(b"GET /metrics HTTP/1.0\r\nHost: ringraft\r\n\r\n")
             .ok()?;
@@ -275,7 +274,18 @@ impl Cluster {
         }
     }
 
+    /// The whole log through `endpoints` (a linearizable read), as
+    /// (index, data).
     pub(crate) fn read_all(&self, endpoints: &str) -> Vec<(u64, String)> {
+        self.read_final(endpoints)
+            .into_iter()
+            .map(|r| (r.index, r.data))
+            .collect()
+    }
+
+    /// The whole log through `endpoints` (a linearizable read), as the
+    /// checker's final log.
+    pub(crate) fn read_final(&self, endpoints: &str) -> Vec<FinalRecord> {
         // Patient: a node that is catching up answers a linearizable read
         // only once it applied that far, which a loaded machine takes long
         // to do.
@@ -302,26 +312,127 @@ impl Cluster {
             .lines()
             .map(|l| {
                 let v: serde_json::Value = serde_json::from_str(l).unwrap();
-                (
+                FinalRecord::new(
                     v["index"].as_u64().unwrap(),
-                    v["data"].as_str().unwrap().to_string(),
+                    v["term"].as_u64().unwrap(),
+                    v["data"].as_str().unwrap(),
                 )
             })
             .collect()
     }
+
+    /// Each of `ids`' whole log, read from that node alone.
+    pub(crate) fn final_logs(&self, ids: &[u64]) -> FinalLogs {
+        ids.iter()
+            .map(|id| (*id, self.read_final(&self.client(*id))))
+            .collect()
+    }
 }
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for n in self.nodes.values_mut() {
-            if let Some(mut c) = n.child.take() {
-                let _ = Command::new("kill")
-                    .args(["-CONT", &c.id().to_string()])
-                    .status();
-                let _ = c.kill();
-                let _ = c.wait();
+impl Observe for Cluster {
+    fn running(&self) -> Vec<u64> {
+        self.procs.running()
+    }
+
+    async fn view(&self, id: u64) -> Option<NodeView> {
+        let s = self.status(id)?;
+        Some(NodeView {
+            id,
+            term: s["term"].as_u64()?,
+            leader: s["leader_id"].as_u64(),
+            is_leader: s["state"].as_str() == Some("Leader"),
+        })
+    }
+
+    fn failed(&self) -> Option<String> {
+        self.ids().into_iter().find_map(|id| {
+            let status = self.procs.exited(id)?;
+            Some(format!("node {id} exited ({status}): {}", self.log(id)))
+        })
+    }
+}
+
+/// What a test's clients were told, recorded for the Jepsen checker: each
+/// record appended through the CLI is an operation, acknowledged at the
+/// index the CLI printed for it, or of unknown outcome (`info`) when the
+/// call failed before printing it; faults are nemesis events.
+#[derive(Clone, Default)]
+pub(crate) struct History(pub(crate) Recorder);
+
+impl History {
+    /// Invokes an append of each of `records` (through `via`, when the test
+    /// knows the node that takes them).
+    pub(crate) fn invoke(&self, records: &[String], via: Option<u64>) -> Vec<OpHandle> {
+        records
+            .iter()
+            .map(|data| {
+                let process = self.0.fresh_process();
+                match via {
+                    Some(node) => self.0.invoke_append_via(process, node, data.as_str()),
+                    None => self.0.invoke_append(process, data.as_str()),
+                }
+            })
+            .collect()
+    }
+
+    /// Completes `ops` with the printed `indexes`, in order; the rest are
+    /// unknown (`why`).
+    pub(crate) fn complete(&self, ops: Vec<OpHandle>, indexes: &[u64], why: &str) {
+        for (k, op) in ops.into_iter().enumerate() {
+            match indexes.get(k) {
+                Some(index) => self.0.ok(op, *index),
+                None => self.0.info(op, why),
             }
         }
+    }
+
+    /// `ringraft append` of `records` (one per stdin line) through
+    /// `endpoints`, recorded; the command's output and the indexes it
+    /// printed.
+    pub(crate) fn append_lines(&self, endpoints: &str, records: &[String]) -> (Output, Vec<u64>) {
+        let ops = self.invoke(records, None);
+        let (out, indexes) = append_lines(endpoints, records);
+        let why = String::from_utf8_lossy(&out.stderr).into_owned();
+        self.complete(ops, &indexes, &why);
+        (out, indexes)
+    }
+
+    /// A linearizable read of everything through `endpoints`, recorded.
+    pub(crate) fn read_all(&self, c: &Cluster, endpoints: &str) -> Vec<(u64, String)> {
+        let process = self.0.fresh_process();
+        let op = self
+            .0
+            .invoke_read(process, 1, None, Consistency::Linearizable);
+        let log = c.read_all(endpoints);
+        let seen = log
+            .iter()
+            .map(|(index, data)| ReadRecord {
+                index: *index,
+                data: data.clone(),
+            })
+            .collect();
+        self.0.read_ok(op, seen);
+        log
+    }
+
+    /// A fault on node `node` begins (`fault`: kill, pause, ...).
+    pub(crate) fn fault_start(&self, fault: &str, node: u64) {
+        self.0
+            .nemesis_start(fault, serde_json::json!({"node": node}));
+    }
+
+    /// The fault on node `node` ends.
+    pub(crate) fn fault_stop(&self, fault: &str, node: u64) {
+        self.0
+            .nemesis_stop(fault, serde_json::json!({"node": node}));
+    }
+
+    /// The checker's verdict on the history against `finals`; fails the
+    /// test with the verdict's report unless it is valid.
+    pub(crate) fn assert_valid(&self, finals: &FinalLogs) -> Verdict {
+        let verdict = self.0.check(finals);
+        assert!(verdict.valid, "the checker rejects the history: {verdict}");
+        verdict
     }
 }
 
@@ -351,22 +462,6 @@ pub(crate) fn lines(out: &Output) -> Vec<String> {
         .lines()
         .map(String::from)
         .collect()
-}
-
-pub(crate) fn assert_exactly_once(log: &[(u64, String)], expected: &[String]) {
-    for e in expected {
-        let n = log.iter().filter(|(_, d)| d == e).count();
-        assert_eq!(n, 1, "{e} appears {n} times");
-    }
-    let mut indexes: Vec<u64> = log.iter().map(|(i, _)| *i).collect();
-    let sorted = {
-        let mut s = indexes.clone();
-        s.sort();
-        s
-    };
-    assert_eq!(indexes, sorted, "records in index order");
-    indexes.dedup();
-    assert_eq!(indexes.len(), log.len(), "no index twice");
 }
 
 pub(crate) fn raw_garbage(addr: &str, bytes: &[u8]) {

@@ -16,21 +16,21 @@ use crate::harness::*;
 #[test]
 fn streamed_lines_keep_their_order_in_the_log() {
     let c = Cluster::start(3, &[]);
+    let history = History::default();
     let leader = c.wait_leader(Duration::from_secs(30));
-    let follower = c.nodes.keys().copied().find(|id| *id != leader).unwrap();
+    let follower = c.ids().into_iter().find(|id| *id != leader).unwrap();
     let routes = [
         ("every endpoint", c.endpoints()),
-        ("a follower", c.nodes[&follower].client.clone()),
+        ("a follower", c.client(follower)),
     ];
     for (round, (route, endpoints)) in routes.iter().enumerate() {
         let sent: Vec<String> = (1..=500).map(|k| format!("r{round}-{k}")).collect();
-        let out = cli_with(endpoints, &["append"], Some(&(sent.join("\n") + "\n")));
+        let (out, indexes) = history.append_lines(endpoints, &sent);
         assert!(
             out.status.success(),
             "append through {route}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let indexes: Vec<u64> = lines(&out).iter().map(|l| l.parse().unwrap()).collect();
         assert_eq!(indexes.len(), sent.len(), "one index per line ({route})");
         let inversions: Vec<(u64, u64)> = indexes
             .windows(2)
@@ -44,8 +44,8 @@ fn streamed_lines_keep_their_order_in_the_log() {
             inversions[0].0,
             inversions[0].1
         );
-        let log: Vec<(u64, String)> = c
-            .read_all(&c.endpoints())
+        let log: Vec<(u64, String)> = history
+            .read_all(&c, &c.endpoints())
             .into_iter()
             .filter(|(_, d)| d.starts_with(&format!("r{round}-")))
             .collect();
@@ -58,6 +58,7 @@ fn streamed_lines_keep_their_order_in_the_log() {
         let at: Vec<u64> = log.iter().map(|(i, _)| *i).collect();
         assert_eq!(at, indexes, "each line sits at the index printed for it");
     }
+    history.assert_valid(&c.final_logs(&c.ids()));
 }
 
 /// Issue 11, item 1: the daemon's rings live in its ring dir (`--ring-dir`),
@@ -67,36 +68,32 @@ fn streamed_lines_keep_their_order_in_the_log() {
 /// next start of a node on the same ring dir, while a live one keeps its.
 #[test]
 fn rings_live_in_the_ring_dir_and_go_with_their_data_dir() {
-    let mut c = Cluster::start(3, &[]);
+    let c = Cluster::start(3, &[]);
     assert!(c.cli(&["append", "x"]).status.success());
     for id in 1..=3 {
         c.stop(id);
     }
     let ring_dir = c.ring_dir();
     assert_eq!(rings_in(&ring_dir).len(), 3, "one ring per node");
-    for n in c.nodes.values() {
-        assert!(rings_in(&n.dir).is_empty() && !n.dir.join("ring").exists());
+    for id in c.ids() {
+        let dir = c.dir(id);
+        assert!(rings_in(&dir).is_empty() && !dir.join("ring").exists());
         let out = Command::new(BIN)
-            .args(["wal", "check", "--data-dir", n.dir.to_str().unwrap()])
+            .args(["wal", "check", "--data-dir", dir.to_str().unwrap()])
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "wal check on node {}: {stdout}", n.id);
+        assert!(out.status.success(), "wal check on node {id}: {stdout}");
         assert!(
             stdout.contains(&format!("ring file     {}", ring_dir.display())),
             "{stdout}"
         );
     }
-    let ring_of = |id: u64| ringraft_wal::ring_path(&c.nodes[&id].dir).unwrap();
+    let ring_of = |id: u64| ringraft_wal::ring_path(&c.dir(id)).unwrap();
     let (ring1, ring2, ring3) = (ring_of(1), ring_of(2), ring_of(3));
 
     let out = Command::new(BIN)
-        .args([
-            "wal",
-            "remove",
-            "--data-dir",
-            c.nodes[&1].dir.to_str().unwrap(),
-        ])
+        .args(["wal", "remove", "--data-dir", c.dir(1).to_str().unwrap()])
         .output()
         .unwrap();
     assert!(
@@ -104,9 +101,9 @@ fn rings_live_in_the_ring_dir_and_go_with_their_data_dir() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(!c.nodes[&1].dir.exists() && !ring1.exists());
+    assert!(!c.dir(1).exists() && !ring1.exists());
 
-    std::fs::remove_dir_all(&c.nodes[&2].dir).unwrap();
+    std::fs::remove_dir_all(c.dir(2)).unwrap();
     assert!(ring2.exists(), "nothing swept yet");
     c.boot(3);
     // The node answers once its data directory is open (and the sweep ran).
@@ -115,7 +112,7 @@ fn rings_live_in_the_ring_dir_and_go_with_their_data_dir() {
         assert!(
             Instant::now() < deadline,
             "node 3 does not answer: {}",
-            std::fs::read_to_string(c.base.path().join("n3.log")).unwrap_or_default()
+            c.log(3)
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -134,7 +131,7 @@ fn rings_live_in_the_ring_dir_and_go_with_their_data_dir() {
 /// `bad_configuration_is_refused_at_start`.
 #[test]
 fn trim_and_retention_from_the_command_line() {
-    let mut c = Cluster::start(3, &[]);
+    let c = Cluster::start(3, &[]);
     let expected: Vec<String> = (0..30).map(|k| format!("r{k}")).collect();
     let (out, indexes) = append_lines(&c.endpoints(), &expected);
     assert_ok(&out);
@@ -147,7 +144,7 @@ fn trim_and_retention_from_the_command_line() {
             c.wait_status(id, "first_index", keep, Duration::from_secs(120)),
             keep
         );
-        let client = c.nodes[&id].client.clone();
+        let client = c.client(id);
         let out = run_bounded(
             &["read", "--from", "1", "--endpoints", &client],
             Duration::from_secs(120),
@@ -188,7 +185,7 @@ fn trim_and_retention_from_the_command_line() {
     let leader = c.wait_leader(Duration::from_secs(60));
     let first = c.wait_status(leader, "first_index", indexes[1], Duration::from_secs(120));
     let out = cli_with(
-        &c.nodes[&leader].client,
+        &c.client(leader),
         &["read", "--from", &first.to_string(), "--format", "raw"],
         None,
     );
@@ -220,15 +217,19 @@ fn a_full_disk_refuses_appends_reads_go_on_and_appends_resume_once_space_is_free
         return;
     }
     let disk = Tmpfs::mount("66m");
-    let mut c = Cluster::new(3, &[]);
-    c.nodes.get_mut(&1).unwrap().dir = disk.0.path().join("n1");
+    let c = Cluster::new_placed(3, &[], |id, place| {
+        if id == 1 {
+            place.data_dir = disk.0.path().join("n1");
+        }
+    });
+    let history = History::default();
     for id in 1..=3 {
         c.boot(id);
     }
     c.wait_leader(Duration::from_secs(60));
     let out = c.cli(&["transfer", "1"]);
     assert_ok(&out);
-    let leader = c.nodes[&1].client.clone();
+    let leader = c.client(1);
     // 60 kB records, 100 per append, until the leader refuses (about 64 MiB
     // of records), bounded by count.
     let record = "d".repeat(60_000);
@@ -238,7 +239,7 @@ fn a_full_disk_refuses_appends_reads_go_on_and_appends_resume_once_space_is_free
         let batch_lines: Vec<String> = (0..100)
             .map(|k| format!("{batch:02}-{k:03}-{record}"))
             .collect();
-        let (out, indexes) = append_lines(&leader, &batch_lines);
+        let (out, indexes) = history.append_lines(&leader, &batch_lines);
         acked.extend(batch_lines.into_iter().take(indexes.len()));
         if !out.status.success() {
             refusal = Some(String::from_utf8_lossy(&out.stderr).to_string());
@@ -264,7 +265,7 @@ fn a_full_disk_refuses_appends_reads_go_on_and_appends_resume_once_space_is_free
     let mut resumed = false;
     for k in 0..600 {
         let line = format!("after-{k}");
-        let out = cli_with(&leader, &["append", &line], None);
+        let (out, _) = history.append_lines(&leader, std::slice::from_ref(&line));
         if out.status.success() {
             acked.push(line);
             resumed = true;
@@ -275,10 +276,14 @@ fn a_full_disk_refuses_appends_reads_go_on_and_appends_resume_once_space_is_free
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(resumed, "appends resumed once space was freed");
-    for id in [1, 2] {
-        let log = c.read_all(&c.nodes[&id].client);
-        assert_exactly_once(&log, &acked);
-        assert_eq!(log.len(), acked.len(), "node {id}");
+    let finals = c.final_logs(&[1, 2]);
+    history.assert_valid(&finals);
+    for (id, log) in &finals {
+        assert_eq!(
+            log.len(),
+            acked.len(),
+            "node {id} holds what was acknowledged"
+        );
     }
     drop(c);
 }

@@ -34,7 +34,26 @@ fn bench_reports_what_it_appended() {
     );
     let stdout = String::from_utf8(out.stdout.clone()).unwrap();
     assert_eq!(stdout.lines().count(), 1, "only the summary on stdout");
-    let s: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    check_json_summary(&summary);
+    bench_records_are_in_the_log_once(&c, &summary);
+    text_summary(&c);
+    // Bad parameters are refused before anything is sent.
+    let out = c.cli(&["bench", "--clients", "0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--clients"));
+    let out = c.cli(&["bench", "--size", "70000", "--duration", "1"]);
+    assert!(!out.status.success(), "a record above --max-record");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("max-record"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The JSON summary of a 4-client, 100-byte, 2-second bench: its counts,
+/// latencies and rates agree with each other.
+fn check_json_summary(s: &serde_json::Value) {
     let acknowledged = s["acknowledged"].as_u64().unwrap();
     assert!(acknowledged > 0, "{s}");
     assert_eq!(s["errors"], 0, "{s}");
@@ -53,8 +72,12 @@ fn bench_reports_what_it_appended() {
     let rate = s["records_per_s"].as_f64().unwrap();
     assert!((rate - acknowledged as f64 / elapsed).abs() < 1e-6 * rate.max(1.0));
     assert!((s["mb_per_s"].as_f64().unwrap() - rate * 100.0 / 1e6).abs() < 1e-9);
-    // Every acknowledged record is in the log, once, and nothing else of
-    // this run is.
+}
+
+/// Every record the bench of `s` acknowledged is in the log, once, and
+/// nothing else of its run is.
+fn bench_records_are_in_the_log_once(c: &Cluster, s: &serde_json::Value) {
+    let acknowledged = s["acknowledged"].as_u64().unwrap();
     let tag = format!("bench-{}-", s["run"].as_str().unwrap());
     let log = c.read_all(&c.endpoints());
     let ours: Vec<&(u64, String)> = log.iter().filter(|(_, d)| d.starts_with(&tag)).collect();
@@ -67,7 +90,10 @@ fn bench_reports_what_it_appended() {
     assert_eq!(s["first_index"].as_u64().unwrap(), ours.first().unwrap().0);
     assert_eq!(s["last_index"].as_u64().unwrap(), ours.last().unwrap().0);
     assert_eq!(log[0].1, "before the bench");
-    // The text summary.
+}
+
+/// The text summary names every figure; `--quiet` prints no progress.
+fn text_summary(c: &Cluster) {
     let out = c.cli(&[
         "bench",
         "--clients",
@@ -92,17 +118,6 @@ fn bench_reports_what_it_appended() {
         assert!(text.contains(word), "summary lacks {word}: {text}");
     }
     assert!(out.stderr.is_empty(), "--quiet: no progress line");
-    // Bad parameters are refused before anything is sent.
-    let out = c.cli(&["bench", "--clients", "0"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--clients"));
-    let out = c.cli(&["bench", "--size", "70000", "--duration", "1"]);
-    assert!(!out.status.success(), "a record above --max-record");
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("max-record"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[test]
@@ -127,15 +142,23 @@ fn demo_exits_0_and_leaves_nothing_running() {
         "leads in term",
         "failover",
         "caught up",
+        "checker: valid",
+        "0 anomalies",
         "PASS",
         "node3.log",
+        "history.jsonl",
     ] {
         assert!(stdout.contains(expected), "no {expected:?} in:\n{stdout}");
     }
     for id in 1..=3 {
         assert!(demo_dir.join(format!("node{id}")).is_dir());
         assert!(demo_dir.join(format!("node{id}.log")).is_file());
+        assert!(demo_dir.join(format!("final/{id}.jsonl")).is_file());
     }
+    // The run files the demo left are a run the checker passes again.
+    let verdict = ringraft_checker::check(&demo_dir).unwrap();
+    assert!(verdict.valid, "{verdict}");
+    assert_eq!(verdict.summary.acked_appends, 20, "--records 10, twice");
     let left = processes_mentioning(demo_dir_str);
     assert!(left.is_empty(), "left running: {left:?}");
     // A directory that is in use is refused.
