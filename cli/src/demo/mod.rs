@@ -11,7 +11,8 @@
 //! the Jepsen checker against every node's final log, stops everything with
 //! SIGTERM and checks every ring offline. It exits 0 only when every check
 //! passed. This module owns the steps, their narration and their checks;
-//! the processes are the kit's and the rules of a correct history are the
+//! [`history`] what is recorded for the checker and the run files. The
+//! processes are the kit's and the rules of a correct history are the
 //! checker's.
 //!
 //! It must never leave a process behind: children run in their own process
@@ -29,8 +30,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringraft_checker::history::{self, FinalRecord, ReadRecord, RunInfo};
-use ringraft_checker::{FinalLogs, Recorder, Verdict};
+mod history;
+use history::{DemoHistory, final_log, text};
+
+use ringraft_checker::FinalLogs;
 use ringraft_client::proto::{Record, StatusResponse};
 use ringraft_client::{Client, Consistency};
 use ringraft_testkit::leader::{NodeView, Observe, Wanted, wait_for_leader};
@@ -269,34 +272,6 @@ fn record(run: u32, k: usize) -> Vec<u8> {
     format!("demo {run:08x} record {k:03}: hello from ringraft").into_bytes()
 }
 
-/// The history's text of a record (the demo's records are ASCII).
-fn text(data: &[u8]) -> String {
-    String::from_utf8_lossy(data).into_owned()
-}
-
-/// The node's records as the checker's final log.
-fn final_log(records: &[Record]) -> Vec<FinalRecord> {
-    records
-        .iter()
-        .map(|r| FinalRecord::new(r.index, r.term, text(&r.data)))
-        .collect()
-}
-
-/// The checker's verdict on `history` against `finals`: the line the demo
-/// prints when it is valid, else the failure with the verdict's report.
-fn judge(history: &Recorder, finals: &FinalLogs) -> Result<String, String> {
-    let verdict: Verdict = history.check(finals);
-    if !verdict.valid {
-        return Err(format!("the checker rejects the history: {verdict}"));
-    }
-    Ok(format!(
-        "checker: valid, {} appends acknowledged, {} reads, {} anomalies",
-        verdict.summary.acked_appends,
-        verdict.summary.reads_checked,
-        verdict.anomalies.len()
-    ))
-}
-
 /// A run's cluster and what the demo recorded of it.
 struct Demo {
     cluster: Arc<ProcessCluster>,
@@ -305,11 +280,9 @@ struct Demo {
     /// Tags this run's records.
     run: u32,
     /// Every append, read and fault of the run, for the checker.
-    history: Recorder,
+    history: DemoHistory,
     step_no: usize,
     started: Instant,
-    /// Wall-clock start, RFC 3339 (for `run.json`).
-    started_at: String,
 }
 
 /// What the first leader was and what the first phase appended.
@@ -343,13 +316,7 @@ impl Demo {
         ids: &[u64],
         batch: &[Vec<u8>],
     ) -> StepResult<Vec<u64>> {
-        let ops: Vec<_> = batch
-            .iter()
-            .map(|data| {
-                let process = self.history.fresh_process();
-                self.history.invoke_append_via(process, via, text(data))
-            })
-            .collect();
+        let ops = self.history.invoke_appends(batch, via);
         let endpoints = endpoints(&self.cluster, ids);
         let answer = bounded(what, self.timeout(), async {
             data_client(endpoints, self.timeout())
@@ -358,30 +325,15 @@ impl Demo {
                 .map_err(|e| Failure::Check(format!("{what}: {e}")))
         })
         .await;
-        match &answer {
-            Ok(indexes) if indexes.len() == ops.len() => {
-                for (op, index) in ops.into_iter().zip(indexes) {
-                    self.history.ok(op, *index);
-                }
-            }
-            _ => {
-                for op in ops {
-                    self.history
-                        .info(op, "no answer, or not one index per record");
-                }
-            }
-        }
+        self.history
+            .appended(ops, answer.as_ref().ok().map(Vec::as_slice));
         answer
     }
 
     /// A linearizable read of node `id`'s whole log, bounded by the step
     /// deadline; recorded in the history when `recorded`.
     async fn read_all(&self, what: &str, id: u64, recorded: bool) -> StepResult<Vec<Record>> {
-        let op = recorded.then(|| {
-            let consistency = history::Consistency::Linearizable;
-            let process = self.history.fresh_process();
-            self.history.invoke_read(process, 1, None, consistency)
-        });
+        let op = recorded.then(|| self.history.invoke_read());
         let endpoints = endpoints(&self.cluster, &[id]);
         let answer = bounded(what, self.timeout(), async {
             data_client(endpoints, self.timeout())
@@ -390,19 +342,9 @@ impl Demo {
                 .map_err(|e| Failure::Check(format!("linearizable read from node {id}: {e}")))
         })
         .await;
-        match (op, &answer) {
-            (Some(op), Ok(records)) => {
-                let seen = records
-                    .iter()
-                    .map(|r| ReadRecord {
-                        index: r.index,
-                        data: text(&r.data),
-                    })
-                    .collect();
-                self.history.read_ok(op, seen);
-            }
-            (Some(op), Err(_)) => self.history.info(op, "the read failed"),
-            (None, _) => {}
+        if let Some(op) = op {
+            self.history
+                .read(op, answer.as_ref().ok().map(Vec::as_slice));
         }
         answer
     }
@@ -507,8 +449,7 @@ impl Demo {
             old.id,
             self.cluster.pid(old.id).unwrap_or(0)
         ));
-        self.history
-            .nemesis_start("kill", serde_json::json!({"node": old.id}));
+        self.history.kill_started(old.id);
         self.cluster.kill(old.id).map_err(|e| e.to_string())?;
         let killed_at = Instant::now();
         say(format!(
@@ -587,8 +528,7 @@ impl Demo {
             .await
             .map_or(0, |s| s.commit_index);
         self.cluster.start(old).map_err(|e| e.to_string())?;
-        self.history
-            .nemesis_stop("kill", serde_json::json!({"node": old}));
+        self.history.kill_ended(old);
         let restarted = Instant::now();
         say(format!(
             "    node {old}: pid {}, same data directory",
@@ -635,42 +575,15 @@ impl Demo {
             let records = self.read_all("reading a final log", id, false).await?;
             finals.insert(id, final_log(&records));
         }
-        self.write_run_files(&finals)?;
-        let events = self.history.events();
+        self.history.write_run_files(&self.base, &finals)?;
         say(format!(
             "    {} events recorded (appends, reads, the kill); final logs of {} nodes",
-            events.len(),
+            self.history.len(),
             finals.len()
         ));
-        let line = judge(&self.history, &finals)?;
+        let line = self.history.judge(&finals)?;
         say(format!("    {line}"));
         Ok(())
-    }
-
-    /// `history.jsonl`, `final/<id>.jsonl` and `run.json` in the demo's
-    /// directory: a run directory of the Jepsen checker.
-    fn write_run_files(&self, finals: &FinalLogs) -> Result<(), String> {
-        let final_dir = self.base.join("final");
-        std::fs::create_dir_all(&final_dir).map_err(|e| format!("{}: {e}", final_dir.display()))?;
-        let path = self.base.join("history.jsonl");
-        history::write_history(&path, &self.history.events()).map_err(|e| e.to_string())?;
-        for (id, records) in finals {
-            let path = final_dir.join(format!("{id}.jsonl"));
-            history::write_final_log(&path, records).map_err(|e| e.to_string())?;
-        }
-        let info = RunInfo {
-            seed: u64::from(self.run),
-            substrate: "demo".into(),
-            nodes: self.cluster.nodes(),
-            nemeses: vec!["kill".into()],
-            duration_s: self.started.elapsed().as_secs_f64(),
-            clients: 1,
-            planted_bug: None,
-            started_at: self.started_at.clone(),
-        };
-        let path = self.base.join("run.json");
-        let json = serde_json::to_string_pretty(&info).map_err(|e| e.to_string())?;
-        std::fs::write(&path, json + "\n").map_err(|e| format!("{}: {e}", path.display()))
     }
 
     async fn stop_and_check_rings(&mut self) -> StepResult<()> {
@@ -853,15 +766,15 @@ pub async fn run(config: DemoConfig) -> ExitCode {
         config.step_timeout.as_secs()
     ));
     say(format!("    data and logs: {}", base.display()));
+    let run = rand::random::<u32>();
     let mut demo = Demo {
         cluster: Arc::new(cluster),
         config,
         base,
-        run: rand::random::<u32>(),
-        history: Recorder::new(),
+        run,
+        history: DemoHistory::new(run),
         step_no: 0,
         started: Instant::now(),
-        started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
     };
     let outcome = tokio::select! {
         r = demo.steps() => r,
@@ -877,58 +790,6 @@ pub async fn run(config: DemoConfig) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rec(index: u64, term: u64, data: &str) -> Record {
-        Record {
-            index,
-            term,
-            data: data.as_bytes().to_vec(),
-        }
-    }
-
-    /// The demo's history shape: two acknowledged appends, a read, a kill.
-    fn demo_history() -> Recorder {
-        let history = Recorder::new();
-        for (k, data) in ["a", "b"].iter().enumerate() {
-            let op = history.invoke_append_via(history.fresh_process(), 1, *data);
-            history.ok(op, k as u64 + 1);
-        }
-        let consistency = history::Consistency::Linearizable;
-        let read = history.invoke_read(history.fresh_process(), 1, None, consistency);
-        let seen = ["a", "b"]
-            .iter()
-            .enumerate()
-            .map(|(k, d)| ReadRecord {
-                index: k as u64 + 1,
-                data: d.to_string(),
-            })
-            .collect();
-        history.read_ok(read, seen);
-        history.nemesis_start("kill", serde_json::json!({"node": 1}));
-        history.nemesis_stop("kill", serde_json::json!({"node": 1}));
-        history
-    }
-
-    #[test]
-    fn the_checker_passes_a_good_run_and_fails_a_lost_record() {
-        let good = final_log(&[rec(1, 1, "a"), rec(2, 1, "b")]);
-        let finals: FinalLogs = (1..=3).map(|id| (id, good.clone())).collect();
-        let line = judge(&demo_history(), &finals).unwrap();
-        assert_eq!(
-            line,
-            "checker: valid, 2 appends acknowledged, 1 reads, 0 anomalies"
-        );
-        // One node lost the acknowledged "b".
-        let mut finals = finals;
-        finals.insert(2, final_log(&[rec(1, 1, "a")]));
-        let failure = judge(&demo_history(), &finals).unwrap_err();
-        assert!(failure.contains("INVALID"), "{failure}");
-        // Every node lost it.
-        let lost: FinalLogs = (1..=3)
-            .map(|id| (id, final_log(&[rec(1, 1, "a")])))
-            .collect();
-        assert!(judge(&demo_history(), &lost).is_err());
-    }
 
     #[test]
     fn bad_indexes_are_a_failed_check() {
