@@ -26,8 +26,10 @@ use tokio::time::Instant;
 
 use crate::api::{AcceptPolicy, Device, DeviceConfig, DeviceKind};
 use crate::error::{Result, TransportError};
+use crate::handshake::PeerInfo;
+use crate::soft::conn::SoftEndpoint;
 use crate::soft::conn::{Frame, Wire, WireOut, wire};
-use crate::soft::{Flavor, SoftConnection, SoftDevice, SoftListener};
+use crate::soft::{ConnSlot, Flavor, SoftConnection, SoftDevice, SoftListener};
 use crate::types::{AtomicCapability, ConnConfig};
 use crate::work::Done;
 
@@ -315,34 +317,18 @@ impl Fabric {
         let slot = device.reserve_connection()?;
         self.wait_reachable(client_node, &server_node, addr, &config)
             .await?;
-        let (mut client_end, mut server_end) = tokio::io::duplex(64 << 10);
-        let client_name = format!("{client_node} (inproc)");
-        let server_task = {
-            let server = server.clone();
-            let server_config = server_config.clone();
-            tokio::spawn(async move {
-                server
-                    .server_handshake(&mut server_end, &client_name, &server_config, &policy)
-                    .await
-            })
-        };
-        let client_result = device
-            .client_handshake(&mut client_end, addr, &config, app_data)
-            .await;
-        // A client that gave up closes its end, so that the server stops
-        // waiting for it.
-        drop(client_end);
-        let server_result = server_task
-            .await
-            .map_err(|e| TransportError::Device(e.to_string()))?;
-        let (server_info, client_endpoint, server_slot) = match server_result {
-            Ok(x) => x,
-            Err(e) => {
-                server.rejected.fetch_add(1, Ordering::Relaxed);
-                return Err(client_result.err().unwrap_or(e));
-            }
-        };
-        let (client_info, server_endpoint) = client_result?;
+        let (server_side, client_side) = handshake_pair(
+            &device,
+            &server,
+            client_node,
+            addr,
+            (&config, &server_config),
+            policy,
+            app_data,
+        )
+        .await?;
+        let (server_info, client_endpoint, server_slot) = server_side;
+        let (client_info, server_endpoint) = client_side;
 
         let (client_wire, server_wire) = self.link(client_node, &server_node);
         let server_conn = server.start(
@@ -469,6 +455,50 @@ impl Fabric {
         }
         frame
     }
+}
+
+/// The client's side of an inproc connection to `addr` and the server's,
+/// handshaken over an in-memory duplex stream: the server's (its peer info,
+/// endpoint and connection slot) and the client's (its peer info and
+/// endpoint). A refused handshake counts as rejected by the server and
+/// returns the client's error where it has one.
+async fn handshake_pair(
+    device: &Arc<SoftDevice>,
+    server: &Arc<SoftDevice>,
+    client_node: &str,
+    addr: &str,
+    (config, server_config): (&ConnConfig, &ConnConfig),
+    policy: AcceptPolicy,
+    app_data: Vec<u8>,
+) -> Result<((PeerInfo, SoftEndpoint, ConnSlot), (PeerInfo, SoftEndpoint))> {
+    let (mut client_end, mut server_end) = tokio::io::duplex(64 << 10);
+    let client_name = format!("{client_node} (inproc)");
+    let server_task = {
+        let server = server.clone();
+        let server_config = server_config.clone();
+        tokio::spawn(async move {
+            server
+                .server_handshake(&mut server_end, &client_name, &server_config, &policy)
+                .await
+        })
+    };
+    let client_result = device
+        .client_handshake(&mut client_end, addr, config, app_data)
+        .await;
+    // A client that gave up closes its end, so that the server stops
+    // waiting for it.
+    drop(client_end);
+    let server_result = server_task
+        .await
+        .map_err(|e| TransportError::Device(e.to_string()))?;
+    let server_side = match server_result {
+        Ok(x) => x,
+        Err(e) => {
+            server.rejected.fetch_add(1, Ordering::Relaxed);
+            return Err(client_result.err().unwrap_or(e));
+        }
+    };
+    Ok((server_side, client_result?))
 }
 
 /// Takes frames off a queue pair's outgoing channels and stamps each with
