@@ -167,88 +167,101 @@ impl Cluster {
     async fn start(system: System, dir: &Path, ring_capacity: Option<u64>) -> Cluster {
         match system {
             System::Ringraft { tcp, durability } => {
-                let fabric = ringraft_transport::inproc::Fabric::new(1);
-                let addrs: BTreeMap<u64, String> = (1..=3)
-                    .map(|id| {
-                        let addr = if tcp {
-                            ringraft_testkit::ports::loopback_addr()
-                                .expect("bind an ephemeral port")
-                        } else {
-                            format!("node{id}")
-                        };
-                        (id, addr)
-                    })
-                    .collect();
-                let mut nodes = Vec::new();
-                for (&id, addr) in &addrs {
-                    let data_dir = dir.join(format!("n{id}"));
-                    std::fs::create_dir_all(&data_dir).expect("data dir");
-                    let mut config = NodeConfig::new(id, data_dir, addr.clone());
-                    config.peers = addrs.clone();
-                    config.durability = durability;
-                    // The default 64 MiB ring is more than RLIMIT_MEMLOCK
-                    // allows here.
-                    config.lock_memory = false;
-                    if let Some(capacity) = ring_capacity {
-                        config.ring_capacity = capacity;
-                    }
-                    let node = NodeBuilder::new(config)
-                        .fabric(if tcp {
-                            Fabric::Tcp
-                        } else {
-                            Fabric::Inproc(fabric.clone())
-                        })
-                        .secret(SECRET.to_vec())
-                        .state_machine(Counter::default())
-                        .start()
-                        .await
-                        .unwrap_or_else(|e| panic!("node {id} starts: {e}"));
-                    nodes.push(node);
-                }
-                nodes[0].initialize().await.expect("initialize");
-                Cluster::Ringraft(nodes)
+                Cluster::start_ringraft(tcp, durability, dir, ring_capacity).await
             }
-            System::Baseline => {
-                let defaults = NodeConfig::new(0, dir, "");
-                let config = raft_config_like_ringraft(&defaults);
-                let registry: Registry = Arc::default();
-                let mut rafts = Vec::new();
-                for id in 1..=3u64 {
-                    let data_dir = dir.join(format!("n{id}"));
-                    std::fs::create_dir_all(&data_dir).expect("data dir");
-                    let sm = SmStore::open(Box::new(Counter::default()), Some(&data_dir))
-                        .expect("state machine");
-                    let raft = Raft::new(
-                        id,
-                        config.clone(),
-                        DirectNetwork {
-                            registry: registry.clone(),
-                        },
-                        MemLog::default(),
-                        sm,
-                    )
-                    .await
-                    .expect("raft starts");
-                    registry
-                        .write()
-                        .expect("registry lock")
-                        .insert(id, raft.clone());
-                    rafts.push(raft);
-                }
-                let members: BTreeMap<u64, NodeInfo> = (1..=3u64)
-                    .map(|id| {
-                        (
-                            id,
-                            NodeInfo {
-                                addr: format!("node{id}"),
-                            },
-                        )
-                    })
-                    .collect();
-                rafts[0].initialize(members).await.expect("initialize");
-                Cluster::Baseline(rafts, registry)
-            }
+            System::Baseline => Cluster::start_baseline(dir).await,
         }
+    }
+
+    /// Three ringraft nodes over the inproc fabric, or tcp on loopback.
+    async fn start_ringraft(
+        tcp: bool,
+        durability: Durability,
+        dir: &Path,
+        ring_capacity: Option<u64>,
+    ) -> Cluster {
+        let fabric = ringraft_transport::inproc::Fabric::new(1);
+        let addrs: BTreeMap<u64, String> = (1..=3)
+            .map(|id| {
+                let addr = if tcp {
+                    ringraft_testkit::ports::loopback_addr().expect("bind an ephemeral port")
+                } else {
+                    format!("node{id}")
+                };
+                (id, addr)
+            })
+            .collect();
+        let mut nodes = Vec::new();
+        for (&id, addr) in &addrs {
+            let data_dir = dir.join(format!("n{id}"));
+            std::fs::create_dir_all(&data_dir).expect("data dir");
+            let mut config = NodeConfig::new(id, data_dir, addr.clone());
+            config.peers = addrs.clone();
+            config.durability = durability;
+            // The default 64 MiB ring is more than RLIMIT_MEMLOCK
+            // allows here.
+            config.lock_memory = false;
+            if let Some(capacity) = ring_capacity {
+                config.ring_capacity = capacity;
+            }
+            let node = NodeBuilder::new(config)
+                .fabric(if tcp {
+                    Fabric::Tcp
+                } else {
+                    Fabric::Inproc(fabric.clone())
+                })
+                .secret(SECRET.to_vec())
+                .state_machine(Counter::default())
+                .start()
+                .await
+                .unwrap_or_else(|e| panic!("node {id} starts: {e}"));
+            nodes.push(node);
+        }
+        nodes[0].initialize().await.expect("initialize");
+        Cluster::Ringraft(nodes)
+    }
+
+    /// Three openraft nodes with an in-memory log, calling each other
+    /// directly.
+    async fn start_baseline(dir: &Path) -> Cluster {
+        let defaults = NodeConfig::new(0, dir, "");
+        let config = raft_config_like_ringraft(&defaults);
+        let registry: Registry = Arc::default();
+        let mut rafts = Vec::new();
+        for id in 1..=3u64 {
+            let data_dir = dir.join(format!("n{id}"));
+            std::fs::create_dir_all(&data_dir).expect("data dir");
+            let sm = SmStore::open(Box::new(Counter::default()), Some(&data_dir))
+                .expect("state machine");
+            let raft = Raft::new(
+                id,
+                config.clone(),
+                DirectNetwork {
+                    registry: registry.clone(),
+                },
+                MemLog::default(),
+                sm,
+            )
+            .await
+            .expect("raft starts");
+            registry
+                .write()
+                .expect("registry lock")
+                .insert(id, raft.clone());
+            rafts.push(raft);
+        }
+        let members: BTreeMap<u64, NodeInfo> = (1..=3u64)
+            .map(|id| {
+                (
+                    id,
+                    NodeInfo {
+                        addr: format!("node{id}"),
+                    },
+                )
+            })
+            .collect();
+        rafts[0].initialize(members).await.expect("initialize");
+        Cluster::Baseline(rafts, registry)
     }
 
     fn rafts(&self) -> Vec<Raft> {
