@@ -24,6 +24,48 @@ pub(crate) const ACCEPT_QUEUE: usize = 64;
 /// Pause after a failed `accept` (EMFILE and friends) before the next.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// A listener that accepts: its authenticated connections' queue, the
+/// address clients connect to, and the accept task (the backend's listener
+/// aborts it when dropped).
+pub(crate) struct Accepting<C> {
+    /// Connections whose handshake succeeded, for `accept`.
+    pub(crate) incoming: mpsc::Receiver<C>,
+    /// The bound address.
+    pub(crate) local_addr: String,
+    /// The [`accept_loop`].
+    pub(crate) task: tokio::task::JoinHandle<()>,
+}
+
+/// Binds `addr` and spawns the [`accept_loop`] that hands each accepted
+/// stream to `accept_one` (the backend's handshake), failures counted in
+/// `rejected` and logged as `rejected_what`.
+pub(crate) async fn listen<C, F, Fut>(
+    addr: &str,
+    rejected: Arc<AtomicU64>,
+    rejected_what: &'static str,
+    accept_one: F,
+) -> Result<Accepting<C>>
+where
+    C: Send + 'static,
+    F: Fn(TcpStream, String) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<C>> + Send + 'static,
+{
+    let (listener, local_addr) = bind(addr).await?;
+    let (tx, incoming) = mpsc::channel(ACCEPT_QUEUE);
+    let task = tokio::spawn(accept_loop(
+        listener,
+        tx,
+        rejected,
+        rejected_what,
+        accept_one,
+    ));
+    Ok(Accepting {
+        incoming,
+        local_addr,
+        task,
+    })
+}
+
 /// A bound listener and the address clients connect to.
 pub(crate) async fn bind(addr: &str) -> Result<(TcpListener, String)> {
     let listener = TcpListener::bind(addr)

@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use crate::api::AcceptPolicy;
-use crate::bootstrap::{self, ACCEPT_QUEUE};
+use crate::bootstrap;
 use crate::error::Result;
 use crate::soft::conn::{Frame, MAX_FRAME_BYTES, WireOut, wire};
 use crate::soft::{ConnSlot, SoftConnection, SoftDevice, SoftListener};
@@ -30,24 +30,22 @@ pub(crate) async fn listen(
     config: ConnConfig,
     policy: AcceptPolicy,
 ) -> Result<SoftListener> {
-    let (listener, local_addr) = bootstrap::bind(addr).await?;
-    let (tx, incoming) = mpsc::channel(ACCEPT_QUEUE);
     let rejected = device.rejected.clone();
-    let task = tokio::spawn(bootstrap::accept_loop(
-        listener,
-        tx,
+    let accepting = bootstrap::listen(
+        addr,
         rejected.clone(),
         "connection attempt rejected",
         move |stream, peer| {
             let (device, config, policy) = (device.clone(), config.clone(), policy.clone());
             async move { accept_one(stream, &device, &peer, &config, &policy).await }
         },
-    ));
+    )
+    .await?;
     Ok(SoftListener {
-        incoming,
-        local_addr,
+        incoming: accepting.incoming,
+        local_addr: accepting.local_addr,
         rejected,
-        task,
+        task: accepting.task,
     })
 }
 

@@ -37,7 +37,7 @@ use super::conn::{QpResources, RdmaConnection};
 use super::device::RdmaDevice;
 use super::endpoint::QpEndpoint;
 use crate::api::AcceptPolicy;
-use crate::bootstrap::{self, ACCEPT_QUEUE};
+use crate::bootstrap;
 use crate::error::{Result, TransportError};
 use crate::handshake::{self, Reveal};
 use crate::types::{Backend, ConnConfig};
@@ -93,24 +93,22 @@ pub(crate) async fn listen(
     config: ConnConfig,
     policy: AcceptPolicy,
 ) -> Result<RdmaListener> {
-    let (listener, local_addr) = bootstrap::bind(addr).await?;
-    let (tx, incoming) = mpsc::channel(ACCEPT_QUEUE);
     let rejected = device.rejected.clone();
-    let task = tokio::spawn(bootstrap::accept_loop(
-        listener,
-        tx,
+    let accepting = bootstrap::listen(
+        addr,
         rejected.clone(),
         "rdma connection attempt rejected",
         move |stream, peer| {
             let (device, config, policy) = (device.clone(), config.clone(), policy.clone());
             async move { accept_one(stream, &device, &peer, &config, &policy).await }
         },
-    ));
+    )
+    .await?;
     Ok(RdmaListener {
-        incoming,
-        local_addr,
+        incoming: accepting.incoming,
+        local_addr: accepting.local_addr,
         rejected,
-        task,
+        task: accepting.task,
     })
 }
 
