@@ -335,53 +335,36 @@ impl ProcessCluster {
     /// # Errors
     /// Never today.
     pub fn stop(&self, id: u64, grace: Duration) -> Result<Stopped> {
-        if !self.is_running(id) {
-            self.children().remove(&id);
-            return Ok(Stopped::NotRunning);
-        }
-        let _ = self.signal(id, libc::SIGCONT);
-        let _ = self.signal(id, libc::SIGTERM);
-        let deadline = Instant::now() + grace;
-        loop {
-            {
-                let mut children = self.children();
-                match children.get_mut(&id).map(|c| c.try_wait()) {
-                    None | Some(Err(_)) => {
-                        children.remove(&id);
-                        return Ok(Stopped::NotRunning);
-                    }
-                    Some(Ok(Some(status))) => {
-                        children.remove(&id);
-                        return Ok(Stopped::Exited(status));
-                    }
-                    Some(Ok(None)) => {}
-                }
-            }
-            if Instant::now() > deadline {
-                self.kill(id)?;
-                return Ok(Stopped::Killed);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        Ok(self.stop_nodes(&[id], grace)[&id])
     }
 
-    /// Stops every running node at once: SIGCONT and SIGTERM to each, wait
+    /// Stops every started node at once: SIGCONT and SIGTERM to each, wait
     /// up to `grace` for all of them, then SIGKILL what still runs. Returns
     /// how each node that had been started ended.
     pub fn stop_all(&self, grace: Duration) -> BTreeMap<u64, Stopped> {
         let ids: Vec<u64> = self.children().keys().copied().collect();
+        self.stop_nodes(&ids, grace)
+    }
+
+    /// [`ProcessCluster::stop`] of all of `ids` at once: a node that does
+    /// not run is `NotRunning`; the others get SIGCONT and SIGTERM, then
+    /// SIGKILL once `grace` is over.
+    fn stop_nodes(&self, ids: &[u64], grace: Duration) -> BTreeMap<u64, Stopped> {
         let mut ended = BTreeMap::new();
-        for &id in &ids {
+        for &id in ids {
             if self.is_running(id) {
                 let _ = self.signal(id, libc::SIGCONT);
                 let _ = self.signal(id, libc::SIGTERM);
+            } else {
+                self.children().remove(&id);
+                ended.insert(id, Stopped::NotRunning);
             }
         }
         let deadline = Instant::now() + grace;
         loop {
             {
                 let mut children = self.children();
-                for &id in &ids {
+                for &id in ids {
                     if ended.contains_key(&id) {
                         continue;
                     }
@@ -398,11 +381,11 @@ impl ProcessCluster {
                     }
                 }
             }
-            if ended.len() == ids.len() {
+            if ids.iter().all(|id| ended.contains_key(id)) {
                 return ended;
             }
             if Instant::now() > deadline {
-                for &id in &ids {
+                for &id in ids {
                     ended.entry(id).or_insert_with(|| {
                         let _ = self.kill(id);
                         Stopped::Killed
