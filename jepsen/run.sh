@@ -65,18 +65,6 @@ run() {
     tail -3 "$OUT/$name.stderr" >&2
 }
 
-# froze <name>: a freeze run whose nemesis stopped the leader at least once
-# (a run in which the watcher never fired would be valid, and prove nothing).
-froze() {
-    local h=$OUT/$1/history.jsonl n
-    n=$(grep '"f":"freeze"' "$h" 2>/dev/null | grep -c '"frozen":true')
-    if [ "${n:-0}" -gt 0 ] && grep -q '"f":"isolated-leader"' "$h"; then
-        SUMMARY+=("$(printf '%-22s the leader was frozen %s time(s)' "$1" "$n")")
-    else
-        SUMMARY+=("$(printf '%-22s FAIL: the leader was never frozen (see %s)' "$1" "$h")"); FAILED=1
-    fi
-}
-
 if [ "$MODE" = --quick ]; then
     run netns-partition-kill valid --substrate netns --nodes 3 --duration 30 --clients 4 --seed 11 \
         --nemesis partition,kill,pause --ringraft-bin "$NORMAL"
@@ -85,11 +73,8 @@ if [ "$MODE" = --quick ]; then
     if [ $SOFTROCE = 1 ]; then
         run softroce-kill-partition valid --substrate softroce --nodes 3 --duration 60 --clients 2 --seed 13 \
             --nemesis partition,kill,pause --ringraft-bin "$RDMA" --converge-timeout 180
-        # The stale leader on real verbs: cut off, SIGSTOPped with appends in
-        # flight, healed, resumed; the stale-leader rules judge it.
-        run softroce-freeze valid --substrate softroce --nodes 3 --duration 60 --clients 2 --seed 15 \
-            --nemesis freeze --ringraft-bin "$RDMA" --converge-timeout 180
-        froze softroce-freeze
+        # The stale leader on real verbs (the freeze nemesis) runs in the lab:
+        # deploy/softroce-vm/run-tests.sh multi3_stale_leader(_current).
     fi
     # (with the bug the nodes never agree: don't wait long for it)
     run planted-ack-before-repl flagged --substrate netns --nodes 3 --duration 20 --clients 4 --seed 14 \

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use ringraft_jepsen::nemesis::Fault;
-use ringraft_jepsen::runner::{self, RunConfig, SubstrateKind};
-use ringraft_jepsen::substrate::TailDamage;
+use ringraft_jepsen::runner::{self, Requirements, RunConfig, SubstrateKind};
+use ringraft_jepsen::substrate::{DataFs, TailDamage};
 
 #[derive(Parser)]
 #[command(
@@ -64,6 +64,30 @@ enum Command {
         /// Only record; do not check.
         #[arg(long)]
         no_check: bool,
+        /// An extra `ringraft serve` flag of every node (repeat for more;
+        /// a flag and its value as two: `--serve-arg=--rdma-retry-count
+        /// --serve-arg=6`).
+        #[arg(long = "serve-arg", allow_hyphen_values = true)]
+        serve_args: Vec<String>,
+        /// `RUST_LOG` of the nodes (default: the daemon's).
+        #[arg(long)]
+        node_log: Option<String>,
+        /// The file system of the nodes' data directories (softroce).
+        #[arg(long, value_enum, default_value = "tmpfs")]
+        lab_data_fs: DataFs,
+        /// Fail the run unless a freeze stopped the leader and the others'
+        /// NICs refused its resent WRITEs (softroce, with
+        /// `--node-log ...,ringraft_transport::rdma::conn=debug`).
+        #[arg(long)]
+        require_nic_refusal: bool,
+        /// Fail the run unless, at the end, every follower's fence names
+        /// the leader and its term.
+        #[arg(long)]
+        require_fences: bool,
+        /// Fail the run unless every node's `ringraft wal check` exits 0 at
+        /// the end.
+        #[arg(long)]
+        require_clean_wal: bool,
     },
     /// Check a run directory: report.txt, report.json, plot.svg,
     /// history.edn; exit 0 valid, 1 violation, 2 unusable input.
@@ -143,19 +167,29 @@ fn run_and_check(config: RunConfig, no_check: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match rt.block_on(runner::run(config)) {
+    let unmet = match rt.block_on(runner::run(config)) {
         Ok(summary) => {
             println!("{}", runner::summary_json(&summary));
+            summary.unmet
         }
         Err(e) => {
             eprintln!("ringraft-jepsen: run failed: {e}");
             return ExitCode::from(2);
         }
+    };
+    let code = if no_check {
+        ExitCode::SUCCESS
+    } else {
+        check(&out)
+    };
+    // A valid history does not excuse a requirement the run did not meet.
+    if !unmet.is_empty() {
+        for why in &unmet {
+            println!("REQUIREMENT NOT MET: {why}");
+        }
+        return ExitCode::from(1);
     }
-    if no_check {
-        return ExitCode::SUCCESS;
-    }
-    check(&out)
+    code
 }
 
 /// Damages the tail of the ring in `data_dir` (`mode` corrupt or
@@ -197,6 +231,12 @@ fn main() -> ExitCode {
             lab_sh,
             converge_timeout,
             no_check,
+            serve_args,
+            node_log,
+            lab_data_fs,
+            require_nic_refusal,
+            require_fences,
+            require_clean_wal,
         } => {
             let (nemeses, jepsen_bin, ringraft_bin) = match run_inputs(&nemesis, ringraft_bin) {
                 Ok(inputs) => inputs,
@@ -215,6 +255,14 @@ fn main() -> ExitCode {
                 jepsen_bin,
                 lab_sh: absolute(lab_sh),
                 converge_timeout: Duration::from_secs(converge_timeout),
+                extra_serve_args: serve_args,
+                node_log,
+                data_fs: lab_data_fs,
+                require: Requirements {
+                    nic_refusal: require_nic_refusal,
+                    fences: require_fences,
+                    clean_wals: require_clean_wal,
+                },
             };
             run_and_check(config, no_check)
         }

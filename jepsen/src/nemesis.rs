@@ -17,11 +17,15 @@
 //! to it, [`Substrate::arm_freeze`], or by the nemesis where the substrate
 //! has none), so its one-sided WRITEs are still in flight when it stops;
 //! the others elect a leader, which fences it out; the network heals while
-//! it is still stopped, then it resumes and must be refused. The window is
+//! it is still stopped; where the substrate can count them
+//! ([`Substrate::nic_refusals`]) the nemesis waits, bounded, until the
+//! others' NICs refused the WRITEs the old leader's NIC resends, and
+//! records how many; then the old leader resumes and must be refused. The window is
 //! recorded as an `isolated-leader` window, and its appends with their
 //! `node`, for the checker's stale-leader rules. The nemesis never judges
 //! the outcome: it only records.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -31,7 +35,7 @@ use serde_json::{Value, json};
 
 use crate::history::{Event, EventType, HistoryWriter, Phase};
 use crate::rng::SplitMix64;
-use crate::substrate::{Substrate, TailDamage};
+use crate::substrate::{Substrate, SubstrateError, TailDamage};
 
 /// A kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -62,6 +66,12 @@ pub const FREEZE_DELAY: Duration = Duration::from_millis(100);
 const FREEZE_ARM_BOUND: Duration = Duration::from_secs(20);
 /// How long the others get to elect a leader of a later term.
 const FREEZE_ELECTION_BOUND: Duration = Duration::from_secs(90);
+/// How long after the heal a freeze waits for the others' NICs to refuse
+/// the frozen leader's resent WRITEs (where the substrate can tell), before
+/// it resumes the leader. The WRITEs are resent only while the leader's
+/// queue pairs retry: their retry window (`--rdma-retry-count`,
+/// `--rdma-ack-timeout-exp`) must outlast the cut.
+const FREEZE_REFUSAL_BOUND: Duration = Duration::from_secs(30);
 /// One attempt, and in all, of an append to the frozen leader.
 const FREEZE_APPEND_DEADLINE: Duration = Duration::from_secs(90);
 /// Process numbers of the freeze's appends start here (the workload's
@@ -126,9 +136,28 @@ impl Fault {
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct NemesisStats {
     /// Fault name → windows opened.
-    pub windows: std::collections::BTreeMap<String, u64>,
+    pub windows: BTreeMap<String, u64>,
     /// Substrate or cluster errors met while injecting (not fatal).
     pub errors: Vec<String>,
+    /// What each freeze saw, in order.
+    pub freezes: Vec<FreezeOutcome>,
+}
+
+/// What one freeze saw (also in its `stop` event).
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct FreezeOutcome {
+    /// The leader it froze.
+    pub node: u64,
+    /// Its term.
+    pub term: u64,
+    /// Whether its process was seen stopped.
+    pub frozen: bool,
+    /// The leader the others elected, if any.
+    pub new_leader: Option<u64>,
+    /// Per other node, the queue pairs from the frozen leader its NIC put in
+    /// the error state between the cut and the resume (a refused request);
+    /// `None` where the substrate cannot tell.
+    pub refused: Option<BTreeMap<u64, u64>>,
 }
 
 /// The status of node `endpoint`, or `None` when it does not answer soon.
@@ -515,6 +544,7 @@ impl Nemesis {
         let r = self.blocking(move |s| s.partition(&groups)).await;
         let cut_err = self.note("partition", r);
         self.leader_window(node, term, Phase::Start);
+        let refused_before = self.refusals(node, &others).await;
         // The watcher first: a stop sent after the appends may come too late.
         let armed = self
             .blocking(move |s| s.arm_freeze(node, FREEZE_PROPOSALS, FREEZE_DELAY, FREEZE_ARM_BOUND))
@@ -534,7 +564,15 @@ impl Nemesis {
         tokio::time::sleep(self.rng.millis(2000, 4000)).await;
         let r = self.blocking(|s| s.heal()).await;
         let heal_err = self.note("heal", r);
-        tokio::time::sleep(self.rng.millis(2000, 4000)).await;
+        let refused = match refused_before {
+            // The old leader's NIC resends its WRITEs at its next
+            // retransmission timeout; the others' NICs must refuse them.
+            Some(before) => Some(self.wait_refused(node, before).await),
+            None => {
+                tokio::time::sleep(self.rng.millis(2000, 4000)).await;
+                None
+            }
+        };
         // Closed before the resume: nothing the old leader answers after it
         // can come from inside the window.
         self.leader_window(node, term, Phase::Stop);
@@ -547,10 +585,55 @@ impl Nemesis {
         self.event(
             "freeze",
             json!({"node": node, "term": term, "frozen": frozen, "new_leader": new_leader,
-                   "appends": outcomes, "partition_error": cut_err, "heal_error": heal_err,
-                   "resume_error": resume_err}),
+                   "refused": refused, "appends": outcomes, "partition_error": cut_err,
+                   "heal_error": heal_err, "resume_error": resume_err}),
             Phase::Stop,
         );
+        self.stats.freezes.push(FreezeOutcome {
+            node,
+            term,
+            frozen,
+            new_leader,
+            refused,
+        });
+    }
+
+    /// Each of `others`' NIC refusals of connections from `node` so far, or
+    /// `None` when the substrate cannot count them.
+    async fn refusals(&mut self, node: u64, others: &[u64]) -> Option<BTreeMap<u64, u64>> {
+        let mut counts = BTreeMap::new();
+        for &id in others {
+            match self.blocking(move |s| s.nic_refusals(id, node)).await {
+                Ok(n) => {
+                    counts.insert(id, n);
+                }
+                Err(SubstrateError::Unsupported { .. }) => return None,
+                Err(e) => {
+                    self.stats.errors.push(format!("freeze: {e}"));
+                    return None;
+                }
+            }
+        }
+        Some(counts)
+    }
+
+    /// Polls the others' refusals of `node`'s connections until each grew
+    /// since `before`, or [`FREEZE_REFUSAL_BOUND`]; returns the growth.
+    async fn wait_refused(&mut self, node: u64, before: BTreeMap<u64, u64>) -> BTreeMap<u64, u64> {
+        let others: Vec<u64> = before.keys().copied().collect();
+        let deadline = Instant::now() + FREEZE_REFUSAL_BOUND;
+        let mut grown: BTreeMap<u64, u64> = others.iter().map(|id| (*id, 0)).collect();
+        loop {
+            if let Some(now) = self.refusals(node, &others).await {
+                for (id, n) in now {
+                    grown.insert(id, n.saturating_sub(before[&id]));
+                }
+            }
+            if grown.values().all(|n| *n > 0) || Instant::now() >= deadline {
+                return grown;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
     }
 
     /// Records the `isolated-leader` window of `node`, leader of `term`.
@@ -722,6 +805,8 @@ mod tests {
             run_dir: dir.path().to_path_buf(),
             planted_bug: None,
             extra_serve_args: Vec::new(),
+            node_log: None,
+            data_fs: Default::default(),
         };
         let local: Arc<dyn Substrate> = Arc::new(Local::new(spec).unwrap());
         assert_eq!(

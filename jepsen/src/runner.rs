@@ -13,14 +13,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use ringraft_client::proto::StatusResponse;
 use ringraft_client::{Client, Consistency as ApiConsistency};
 use ringraft_testkit::leader::{self, NodeView, Observe, Wanted};
 use ringraft_testkit::signals;
 use serde_json::json;
 
 use crate::history::{FinalRecord, HistoryWriter, MissingNode, RunInfo, write_final_log};
-use crate::nemesis::{self, Fault, Nemesis, NemesisStats};
-use crate::substrate::{ClusterSpec, Substrate, local::Local, netns::Netns, softroce::SoftRoce};
+use crate::nemesis::{self, Fault, FreezeOutcome, Nemesis, NemesisStats};
+use crate::substrate::{
+    ClusterSpec, DataFs, Substrate, local::Local, netns::Netns, softroce::SoftRoce,
+};
 use crate::workload::{self, WorkloadConfig, WorkloadStats};
 
 /// Which substrate.
@@ -73,7 +76,32 @@ pub struct RunConfig {
     pub lab_sh: PathBuf,
     /// Bound on the wait for the nodes to agree at the end.
     pub converge_timeout: Duration,
+    /// Extra `ringraft serve` flags of every node.
+    pub extra_serve_args: Vec<String>,
+    /// `RUST_LOG` of the nodes (`None`: the daemon's default).
+    pub node_log: Option<String>,
+    /// The data directories' file system (softroce).
+    pub data_fs: DataFs,
+    /// What the run must show besides a valid history.
+    pub require: Requirements,
 }
+
+/// What a run must show besides a valid history (the lab's stale-leader
+/// scenario asks for both); a run that does not is a failed run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Requirements {
+    /// At least one freeze stopped the leader, and the others' NICs refused
+    /// its resent WRITEs ([`FreezeOutcome::refused`]).
+    pub nic_refusal: bool,
+    /// At the end, every follower's fence names the leader and its term.
+    pub fences: bool,
+    /// At the end, every node's `ringraft wal check` exits 0 (its ring
+    /// reads back whole: at most a torn tail).
+    pub clean_wals: bool,
+}
+
+/// How long the fences get to settle on the leader at the end.
+const FENCE_SETTLE_BOUND: Duration = Duration::from_secs(60);
 
 /// Why a run could not be completed.
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +147,11 @@ pub struct RunSummary {
     pub missing: Vec<MissingNode>,
     /// `ringraft wal check` status per node.
     pub wal_check_status: Vec<(u64, i32)>,
+    /// Each node's fence at the end, as (node, fence term, fence leader),
+    /// when [`Requirements::fences`] asked for it.
+    pub fences: Vec<(u64, u64, u64)>,
+    /// The [`Requirements`] the run did not meet, each with why.
+    pub unmet: Vec<String>,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RunError + '_ {
@@ -215,7 +248,9 @@ pub async fn run(config: RunConfig) -> Result<RunSummary, RunError> {
         jepsen_bin: config.jepsen_bin.clone(),
         run_dir: out.clone(),
         planted_bug: config.planted_bug.clone(),
-        extra_serve_args: Vec::new(),
+        extra_serve_args: config.extra_serve_args.clone(),
+        node_log: config.node_log.clone(),
+        data_fs: config.data_fs,
     };
     eprintln!(
         "ringraft-jepsen: run in {} ({} substrate, {} nodes, seed {}{})",
@@ -302,7 +337,28 @@ async fn run_on(
         run_workload(config, out, &substrate, &nodes, slow).await?;
     let converged = make_whole(config, &substrate, &nodes).await?;
     let missing = collect_final_logs(out, &*substrate, &nodes, slow).await?;
+    let (fences, mut unmet) = if config.require.fences {
+        check_fences(&*substrate, &nodes).await
+    } else {
+        (Vec::new(), Vec::new())
+    };
     let wal_check_status = check_wals(out, &substrate, &nodes).await?;
+    if config.require.nic_refusal {
+        unmet.extend(unmet_refusal(&nemesis_stats.freezes));
+    }
+    if config.require.clean_wals {
+        unmet.extend(
+            wal_check_status
+                .iter()
+                .filter(|(_, status)| *status != 0)
+                .map(|(id, status)| {
+                    format!("wal check: node {id} exited {status} (wal-check/n{id}.txt)")
+                }),
+        );
+    }
+    for why in &unmet {
+        eprintln!("ringraft-jepsen: requirement not met: {why}");
+    }
     Ok(RunSummary {
         out: out.to_path_buf(),
         substrate: config.substrate,
@@ -312,6 +368,93 @@ async fn run_on(
         converged,
         missing,
         wal_check_status,
+        fences,
+        unmet,
+    })
+}
+
+/// Why `freezes` do not meet [`Requirements::nic_refusal`], if they do not.
+pub fn unmet_refusal(freezes: &[FreezeOutcome]) -> Option<String> {
+    let frozen: Vec<&FreezeOutcome> = freezes.iter().filter(|f| f.frozen).collect();
+    if frozen.is_empty() {
+        return Some(format!(
+            "nic refusal: no freeze stopped a leader ({} freezes)",
+            freezes.len()
+        ));
+    }
+    let refused = frozen.iter().any(|f| {
+        f.refused
+            .as_ref()
+            .is_some_and(|r| r.values().any(|n| *n > 0))
+    });
+    (!refused).then(|| {
+        let seen: Vec<String> = frozen
+            .iter()
+            .map(|f| format!("node {} term {}: {:?}", f.node, f.term, f.refused))
+            .collect();
+        format!(
+            "nic refusal: no follower's NIC refused a frozen leader's WRITEs ({})",
+            seen.join("; ")
+        )
+    })
+}
+
+/// Polls the nodes' statuses (bounded) until one leads and every other
+/// node's fence names it and its term; returns the fences last seen and,
+/// if they never settled, why.
+async fn check_fences(
+    substrate: &dyn Substrate,
+    nodes: &[u64],
+) -> (Vec<(u64, u64, u64)>, Vec<String>) {
+    let deadline = Instant::now() + FENCE_SETTLE_BOUND;
+    loop {
+        let mut statuses = Vec::new();
+        for &id in nodes {
+            statuses.push((id, nemesis::status(&substrate.client_endpoint(id)).await));
+        }
+        let fences = statuses
+            .iter()
+            .filter_map(|(id, s)| s.as_ref().map(|s| (*id, s.fence_term, s.fence_leader)))
+            .collect();
+        let why = fence_problem(&statuses);
+        match why {
+            None => return (fences, Vec::new()),
+            Some(why) if Instant::now() >= deadline => {
+                return (fences, vec![format!("fences: {why}")]);
+            }
+            Some(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+/// What is wrong with the fences in `statuses`, if anything: a node that
+/// does not answer, no leader, or a follower whose fence names another
+/// leader or term.
+pub fn fence_problem(statuses: &[(u64, Option<StatusResponse>)]) -> Option<String> {
+    if let Some((id, _)) = statuses.iter().find(|(_, s)| s.is_none()) {
+        return Some(format!("node {id} does not answer status"));
+    }
+    let statuses: Vec<&StatusResponse> = statuses.iter().filter_map(|(_, s)| s.as_ref()).collect();
+    let Some(leader) = statuses.iter().find(|s| s.state == "Leader") else {
+        return Some("no node leads".into());
+    };
+    let wrong: Vec<String> = statuses
+        .iter()
+        .filter(|s| s.id != leader.id && (s.fence_leader, s.fence_term) != (leader.id, leader.term))
+        .map(|s| {
+            format!(
+                "node {} is fenced by node {} term {}",
+                s.id, s.fence_leader, s.fence_term
+            )
+        })
+        .collect();
+    (!wrong.is_empty()).then(|| {
+        format!(
+            "leader {} term {}, but {}",
+            leader.id,
+            leader.term,
+            wrong.join(", ")
+        )
     })
 }
 
@@ -550,5 +693,88 @@ pub fn summary_json(summary: &RunSummary) -> serde_json::Value {
         "workload": summary.workload,
         "nemesis_windows": summary.nemesis.windows,
         "converged": summary.converged,
+        "freezes": summary.nemesis.freezes,
+        "fences": summary.fences,
+        "unmet": summary.unmet,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use ringraft_client::proto::StatusResponse;
+
+    use super::{fence_problem, unmet_refusal};
+    use crate::nemesis::FreezeOutcome;
+
+    fn status(id: u64, state: &str, term: u64, fence: (u64, u64)) -> (u64, Option<StatusResponse>) {
+        let s = StatusResponse {
+            id,
+            state: state.into(),
+            term,
+            fence_term: fence.0,
+            fence_leader: fence.1,
+            ..Default::default()
+        };
+        (id, Some(s))
+    }
+
+    #[test]
+    fn fences_must_name_the_leader_and_its_term() {
+        let settled = [
+            status(1, "Follower", 4, (4, 2)),
+            status(2, "Leader", 4, (3, 1)),
+            status(3, "Follower", 4, (4, 2)),
+        ];
+        assert_eq!(fence_problem(&settled), None);
+        let old_term = [
+            status(1, "Follower", 4, (3, 2)),
+            status(2, "Leader", 4, (3, 1)),
+            status(3, "Follower", 4, (4, 2)),
+        ];
+        let why = fence_problem(&old_term).unwrap();
+        assert!(why.contains("node 1 is fenced by node 2 term 3"), "{why}");
+        let other_leader = [
+            status(1, "Follower", 4, (4, 3)),
+            status(2, "Leader", 4, (0, 0)),
+        ];
+        assert!(fence_problem(&other_leader).is_some());
+        let silent = [status(1, "Leader", 4, (0, 0)), (2, None)];
+        assert!(
+            fence_problem(&silent)
+                .unwrap()
+                .contains("node 2 does not answer")
+        );
+        let leaderless = [
+            status(1, "Follower", 4, (4, 2)),
+            status(2, "Candidate", 5, (4, 2)),
+        ];
+        assert_eq!(fence_problem(&leaderless).as_deref(), Some("no node leads"));
+    }
+
+    #[test]
+    fn a_refusal_needs_a_frozen_leader_and_a_refusing_follower() {
+        let freeze = |frozen, refused: Option<&[(u64, u64)]>| FreezeOutcome {
+            node: 1,
+            term: 2,
+            frozen,
+            new_leader: Some(2),
+            refused: refused.map(|r| r.iter().copied().collect::<BTreeMap<_, _>>()),
+        };
+        assert!(unmet_refusal(&[]).is_some(), "no freeze at all");
+        assert!(
+            unmet_refusal(&[freeze(true, None)]).is_some(),
+            "not countable"
+        );
+        assert!(unmet_refusal(&[freeze(true, Some(&[(2, 0), (3, 0)]))]).is_some());
+        assert!(
+            unmet_refusal(&[freeze(false, Some(&[(2, 1)]))]).is_some(),
+            "not frozen"
+        );
+        assert_eq!(
+            unmet_refusal(&[freeze(true, Some(&[(2, 0), (3, 1)]))]),
+            None
+        );
+    }
 }

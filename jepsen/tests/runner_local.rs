@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use ringraft_jepsen::checker::{AnomalyKind, check};
 use ringraft_jepsen::nemesis::Fault;
-use ringraft_jepsen::runner::{RunConfig, SubstrateKind, run};
+use ringraft_jepsen::runner::{Requirements, RunConfig, SubstrateKind, run};
 
 /// One run at a time: the machine is small and the runs are timed.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -69,6 +69,10 @@ fn config(out: PathBuf, seed: u64, nemeses: &[Fault], planted: Option<&str>) -> 
         // the nodes agree, and a node read before it caught up (a loaded
         // machine catches up slowly) would lack acknowledged appends.
         converge_timeout: Duration::from_secs(300),
+        extra_serve_args: Vec::new(),
+        node_log: None,
+        data_fs: Default::default(),
+        require: Requirements::default(),
     }
 }
 
@@ -111,7 +115,7 @@ async fn clean_run_under_faults_is_valid() {
     let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let summary = run(config(
+    let mut config = config(
         out.clone(),
         3,
         &[
@@ -122,10 +126,13 @@ async fn clean_run_under_faults_is_valid() {
             Fault::Transfer,
         ],
         None,
-    ))
-    .await
-    .expect("the run completes");
+    );
+    config.require.fences = true;
+    let summary = run(config).await.expect("the run completes");
     assert!(summary.workload.append_ok > 0, "{summary:?}");
+    // After every fault the leader holds every follower's ring.
+    assert!(summary.unmet.is_empty(), "{:?}", summary.unmet);
+    assert_eq!(summary.fences.len(), 3, "{:?}", summary.fences);
     assert!(!summary.nemesis.windows.is_empty(), "{summary:?}");
     let log = std::fs::read_to_string(out.join("logs/n1.log")).unwrap();
     assert!(!log.contains("PLANTED BUG"), "a planted bug was on");

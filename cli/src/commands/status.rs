@@ -46,6 +46,7 @@ fn print_json(s: &StatusResponse) {
             "durability": s.durability,
             "votes_blocked": s.votes_blocked,
             "first_index": s.first_index,
+            "fence": {"term": s.fence_term, "leader": s.fence_leader},
         })
     );
 }
@@ -63,6 +64,14 @@ fn print_text(s: &StatusResponse) {
     println!(
         "commit {}, applied {}, last log {}, first index {}",
         s.commit_index, s.applied_index, s.last_log_index, s.first_index
+    );
+    println!(
+        "ring fenced by {}",
+        if s.fence_leader == 0 {
+            "nobody yet".to_string()
+        } else {
+            format!("node {} in term {}", s.fence_leader, s.fence_term)
+        }
     );
     println!(
         "fabric {}, durability {}{}",

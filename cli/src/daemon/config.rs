@@ -67,6 +67,15 @@ pub struct ServeArgs {
     /// Heartbeat interval in ms.
     #[arg(long)]
     pub heartbeat_ms: Option<u64>,
+    /// rdma queue pairs: transport retries before a request fails (0..=6;
+    /// default 6). With --rdma-ack-timeout-exp it bounds how long the device
+    /// keeps resending a request nobody acknowledges.
+    #[arg(long)]
+    pub rdma_retry_count: Option<u8>,
+    /// rdma queue pairs: local ACK timeout exponent, 4.096 us x 2^exp per
+    /// try (1..=31; default 14, 67 ms).
+    #[arg(long)]
+    pub rdma_ack_timeout_exp: Option<u8>,
     /// Retention by size: keep at most this much of the log on disk
     /// (e.g. 256MiB, 10GB); the leader trims the oldest records beyond it.
     #[arg(long)]
@@ -102,6 +111,8 @@ struct FileConfig {
     log_format: Option<String>,
     election_timeout_ms: Option<String>,
     heartbeat_ms: Option<u64>,
+    rdma_retry_count: Option<u8>,
+    rdma_ack_timeout_exp: Option<u8>,
     retain_bytes: Option<String>,
     retain_age: Option<String>,
 }
@@ -142,6 +153,8 @@ pub struct Config {
     pub json_logs: bool,
     pub election_timeout_ms: (u64, u64),
     pub heartbeat_ms: u64,
+    /// The rdma queue pairs' retry count and ACK timeout exponent.
+    pub rdma_retry: RdmaRetry,
     pub retain_bytes: Option<u64>,
     pub retain_age: Option<std::time::Duration>,
 }
@@ -236,6 +249,10 @@ impl ServeArgs {
         }
         let retain_bytes = parse_retain_bytes(self.retain_bytes.or(file.retain_bytes))?;
         let retain_age = parse_retain_age(self.retain_age.or(file.retain_age))?;
+        let rdma_retry = parse_rdma_retry(
+            self.rdma_retry_count.or(file.rdma_retry_count),
+            self.rdma_ack_timeout_exp.or(file.rdma_ack_timeout_exp),
+        )?;
         Ok(Config {
             id,
             data_dir,
@@ -255,6 +272,7 @@ impl ServeArgs {
             json_logs,
             election_timeout_ms,
             heartbeat_ms,
+            rdma_retry,
             retain_bytes,
             retain_age,
         })
@@ -272,6 +290,41 @@ fn load_file(path: Option<&std::path::Path>) -> Result<FileConfig, String> {
         }
         None => Ok(FileConfig::default()),
     }
+}
+
+/// How long an rdma queue pair resends a request nobody acknowledges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RdmaRetry {
+    /// Transport retries (also the receiver-not-ready retries).
+    pub retry_count: u8,
+    /// Local ACK timeout exponent.
+    pub ack_timeout_exp: u8,
+}
+
+/// `--rdma-retry-count` and `--rdma-ack-timeout-exp` (defaults: the
+/// library's).
+fn parse_rdma_retry(
+    retry_count: Option<u8>,
+    ack_timeout_exp: Option<u8>,
+) -> Result<RdmaRetry, String> {
+    let default = ringraft_transport::ConnConfig::default();
+    let retry_count = retry_count.unwrap_or(default.retry_count);
+    if retry_count > ringraft_transport::ConnConfig::MAX_RETRY {
+        return Err(format!(
+            "--rdma-retry-count {retry_count} must be in 0..={} (the device retries forever at 7)",
+            ringraft_transport::ConnConfig::MAX_RETRY
+        ));
+    }
+    let ack_timeout_exp = ack_timeout_exp.unwrap_or(default.ack_timeout_exp);
+    if !(1..=31).contains(&ack_timeout_exp) {
+        return Err(format!(
+            "--rdma-ack-timeout-exp {ack_timeout_exp} must be in 1..=31"
+        ));
+    }
+    Ok(RdmaRetry {
+        retry_count,
+        ack_timeout_exp,
+    })
 }
 
 /// `--fabric` (default auto).
@@ -451,9 +504,63 @@ mod tests {
                     ..base()
                 },
             ),
+            (
+                "rdma retry count",
+                ServeArgs {
+                    rdma_retry_count: Some(7),
+                    ..base()
+                },
+            ),
+            (
+                "rdma ack timeout",
+                ServeArgs {
+                    rdma_ack_timeout_exp: Some(0),
+                    ..base()
+                },
+            ),
+            (
+                "rdma ack timeout",
+                ServeArgs {
+                    rdma_ack_timeout_exp: Some(32),
+                    ..base()
+                },
+            ),
         ] {
             assert!(bad.resolve().is_err(), "{field}");
         }
+    }
+
+    #[test]
+    fn rdma_retry_defaults_to_the_library_and_takes_flags_and_file() {
+        let library = ringraft_transport::ConnConfig::default();
+        let c = base().resolve().unwrap();
+        assert_eq!(c.rdma_retry.retry_count, library.retry_count);
+        assert_eq!(c.rdma_retry.ack_timeout_exp, library.ack_timeout_exp);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n.toml");
+        std::fs::write(&path, "rdma_retry_count = 3\nrdma_ack_timeout_exp = 12\n").unwrap();
+        let from_file = ServeArgs {
+            config: Some(path.clone()),
+            ..base()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(
+            from_file.rdma_retry,
+            RdmaRetry {
+                retry_count: 3,
+                ack_timeout_exp: 12
+            }
+        );
+        let flag_wins = ServeArgs {
+            config: Some(path),
+            rdma_ack_timeout_exp: Some(19),
+            ..base()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(flag_wins.rdma_retry.ack_timeout_exp, 19);
+        assert_eq!(flag_wins.rdma_retry.retry_count, 3);
     }
 
     #[test]

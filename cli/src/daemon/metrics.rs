@@ -133,6 +133,19 @@ fn data_plane_gauges(registry: &mut Registry, node: &Node) {
         "Bytes written one-sided into followers' rings",
         m.bytes_written.get() as i64,
     );
+    let fence = node.log_store().fence();
+    gauge(
+        registry,
+        "fence_term",
+        "Term of the leader that holds this node's ring (its fence word)",
+        fence.term() as i64,
+    );
+    gauge(
+        registry,
+        "fence_leader",
+        "Node id of the leader that holds this node's ring (0: nobody yet)",
+        fence.leader_id() as i64,
+    );
     gauge(
         registry,
         "rkey_rotations",

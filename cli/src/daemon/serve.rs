@@ -42,6 +42,9 @@ fn node_config(config: &Config) -> NodeConfig {
     node_config.max_record_bytes = config.max_record + 256;
     node_config.election_timeout_ms = config.election_timeout_ms;
     node_config.heartbeat_ms = config.heartbeat_ms;
+    node_config.conn.retry_count = config.rdma_retry.retry_count;
+    node_config.conn.rnr_retry = config.rdma_retry.retry_count;
+    node_config.conn.ack_timeout_exp = config.rdma_retry.ack_timeout_exp;
     // The log is the data: openraft purges it only below a trim (explicit,
     // or by retention), never merely because a snapshot covers it.
     node_config.keep_after_snapshot = u64::MAX;

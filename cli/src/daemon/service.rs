@@ -274,6 +274,7 @@ impl Log for LogService {
 
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         let s = self.node.status();
+        let fence = self.node.log_store().fence();
         Ok(Response::new(StatusResponse {
             id: s.id,
             state: s.state.clone(),
@@ -291,6 +292,8 @@ impl Log for LogService {
             durability: self.durability.clone(),
             votes_blocked: self.node.log_store().votes_blocked(),
             first_index: *self.node.watch_first_index().borrow(),
+            fence_term: fence.term(),
+            fence_leader: fence.leader_id(),
         }))
     }
 

@@ -93,6 +93,24 @@ pub struct ClusterSpec {
     pub planted_bug: Option<String>,
     /// Extra `ringraft serve` flags.
     pub extra_serve_args: Vec<String>,
+    /// `RUST_LOG` of the nodes (`None`: the daemon's default).
+    pub node_log: Option<String>,
+    /// Where a node's data directory lives (softroce only: the others keep
+    /// it in the run directory).
+    pub data_fs: DataFs,
+}
+
+/// The file system of a node's data directory (`--lab-data-fs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataFs {
+    /// The guest's tmpfs.
+    #[default]
+    Tmpfs,
+    /// An ext4 file system on a loop device (a disk file system's page
+    /// cache: what kernels >= 6.5 refuse to pin for remote write; the ring
+    /// itself stays in /dev/shm).
+    Ext4,
 }
 
 /// The result of `ringraft wal check` on one node.
@@ -148,6 +166,18 @@ pub trait Substrate: Send + Sync {
         Err(SubstrateError::Unsupported {
             substrate: self.name(),
             what: "tell whether a node is stopped",
+        })
+    }
+    /// How many of node `id`'s queue pairs from node `from` its RDMA device
+    /// has put in the error state so far, by its log: a responder NIC that
+    /// refuses a request (a WRITE with a revoked rkey: a fenced-out leader's)
+    /// does that. Needs the daemon's `ringraft_transport::rdma::conn=debug`
+    /// log ([`ClusterSpec::node_log`]). Default: unsupported.
+    fn nic_refusals(&self, id: u64, from: u64) -> Result<u64> {
+        let _ = (id, from);
+        Err(SubstrateError::Unsupported {
+            substrate: self.name(),
+            what: "count a node's NIC refusals",
         })
     }
     /// Whether [`Substrate::partition`] works.

@@ -48,12 +48,16 @@ impl<N: Network> OnProcesses<N> {
         places: BTreeMap<u64, NodePlace>,
         network: N,
     ) -> OnProcesses<N> {
+        let mut env = vec![("RINGRAFT_PLANTED_BUG".to_string(), spec.planted_bug.clone())];
+        if let Some(filter) = &spec.node_log {
+            env.push(("RUST_LOG".to_string(), Some(filter.clone())));
+        }
         let options = ProcessOptions {
             binary: spec.ringraft_bin.clone(),
             fabric: "tcp".into(),
             bootstrap: spec.nodes[0],
             extra_serve_args: spec.extra_serve_args.clone(),
-            env: vec![("RINGRAFT_PLANTED_BUG".into(), spec.planted_bug.clone())],
+            env,
             die_with_parent: false,
             stdout_to_log: false,
         };

@@ -13,7 +13,13 @@
 //! guest ([`freeze_watch_script`]), next to the daemon, which serves
 //! `--metrics` on [`METRICS_PORT`] for it.
 //!
-//! UNTESTED so far: written while the lab was busy; see jepsen/README.md.
+//! For the lab's stale-leader scenario (`deploy/softroce-vm/run-tests.sh
+//! multi3_stale_leader`): [`Substrate::nic_refusals`] counts, in a node's
+//! log, the queue pairs its device put in the error state ([`REFUSAL_LOG_LINE`],
+//! with the `ringraft_transport::rdma::conn=debug` log of `--node-log`), and
+//! `--lab-data-fs ext4` puts the data directories on an ext4 loop mount
+//! (the guest kernel is the lab's `LAB_GUEST_KERNEL`, taken from the
+//! environment).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -23,7 +29,7 @@ use std::time::Duration;
 
 use ringraft_testkit::serve::ServeArgs;
 
-use super::{ClusterSpec, Result, Substrate, SubstrateError, TailDamage, WalCheck};
+use super::{ClusterSpec, DataFs, Result, Substrate, SubstrateError, TailDamage, WalCheck};
 
 /// Control-plane port in every guest.
 pub const LISTEN_PORT: u16 = 7000;
@@ -86,6 +92,22 @@ echo "gave up after {bound_ms} ms: ${{n:-no}} proposals in flight"; exit 1
         pid = sh_quote(pid_file),
         bound_ms = bound.as_millis(),
         delay_s = format_args!("{:.3}", delay.as_secs_f64()),
+    )
+}
+
+/// The line the rdma backend logs (at debug) when the device has put a
+/// queue pair in the error state and flushed its receives: what a responder
+/// does after refusing a peer's request.
+pub const REFUSAL_LOG_LINE: &str = "the device put the queue pair in the error state";
+
+/// A shell script that prints how many lines of `dir/serve.log` say that
+/// the device put a queue pair from `peer_ip` in the error state
+/// ([`REFUSAL_LOG_LINE`]; the log names the peer as `peer=<ip>:<port>`).
+pub fn refusal_count_script(dir: &str, peer_ip: &str) -> String {
+    format!(
+        "grep -F {} {dir}/serve.log 2>/dev/null | grep -cF {} || true",
+        sh_quote(&format!("peer={peer_ip}:")),
+        sh_quote(REFUSAL_LOG_LINE)
     )
 }
 
@@ -212,12 +234,23 @@ impl Substrate for SoftRoce {
             .map(|a| sh_quote(&a))
             .collect::<Vec<_>>()
             .join(" ");
-        let env = match &self.spec.planted_bug {
-            Some(bug) => format!("RINGRAFT_PLANTED_BUG={} ", sh_quote(bug)),
-            None => String::new(),
+        let mut env = String::new();
+        if let Some(bug) = &self.spec.planted_bug {
+            env += &format!("RINGRAFT_PLANTED_BUG={} ", sh_quote(bug));
+        }
+        if let Some(filter) = &self.spec.node_log {
+            env += &format!("RUST_LOG={} ", sh_quote(filter));
+        }
+        // An ext4 data directory is mounted once, at the first start; a
+        // restart finds it (and what the node wrote there) mounted.
+        let mount = match self.spec.data_fs {
+            DataFs::Tmpfs => String::new(),
+            DataFs::Ext4 => format!(
+                "mountpoint -q {dir}/data || lab_ext4_loop {dir}/data >/dev/null || exit 3; "
+            ),
         };
         let script = format!(
-            "mkdir -p {dir}/data; \
+            "mkdir -p {dir}/data; {mount}\
              if [ -f {dir}/pid ] && kill -0 $(cat {dir}/pid) 2>/dev/null; then exit 0; fi; \
              {env}setsid nohup {cmdline} >>{dir}/serve.log 2>&1 </dev/null & echo $! >{dir}/pid"
         );
@@ -290,6 +323,16 @@ impl Substrate for SoftRoce {
             &format!("grep '^State' /proc/$(cat {}/pid)/status", guest_dir(id)),
         )?;
         Ok(out.contains("T (stopped)"))
+    }
+    fn nic_refusals(&self, id: u64, from: u64) -> Result<u64> {
+        let out = self.exec(id, &refusal_count_script(&guest_dir(id), &guest_ip(from)))?;
+        out.lines()
+            .rev()
+            .find_map(|l| l.trim().parse().ok())
+            .ok_or_else(|| SubstrateError::Command {
+                what: format!("count node {id}'s NIC refusals"),
+                detail: format!("no count in {out:?}"),
+            })
     }
     fn can_partition(&self) -> bool {
         true
@@ -404,7 +447,47 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Duration;
 
-    use super::freeze_watch_script;
+    use super::{REFUSAL_LOG_LINE, freeze_watch_script, refusal_count_script};
+
+    #[test]
+    fn refusals_are_counted_per_peer_from_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display().to_string();
+        let count = || {
+            let out = Command::new("bash")
+                .arg("-c")
+                .arg(refusal_count_script(&d, "10.77.0.11"))
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        assert_eq!(count(), "0", "no log yet");
+        let line = |peer: &str| {
+            format!(
+                "DEBUG ringraft_transport::rdma::conn: rdma queue pair enters the error state peer={peer} qpn=17 cause={REFUSAL_LOG_LINE} (receives flushed)\n"
+            )
+        };
+        let log = [
+            line("10.77.0.11:40002"),
+            line("10.77.0.12:40003"),
+            // Another node whose address starts like node 1's.
+            line("10.77.0.111:40004"),
+            "INFO something else peer=10.77.0.11:40002\n".to_string(),
+            line("10.77.0.11:40005"),
+        ]
+        .concat();
+        std::fs::write(dir.path().join("serve.log"), log).unwrap();
+        assert_eq!(count(), "2");
+    }
+
+    #[test]
+    fn the_refusal_line_is_the_one_the_rdma_backend_logs() {
+        let source = include_str!("../../../transport/src/rdma/conn/recv.rs");
+        assert!(
+            source.contains(REFUSAL_LOG_LINE),
+            "recv.rs no longer logs {REFUSAL_LOG_LINE:?}"
+        );
+    }
 
     /// Serves `/metrics` with `ringraft_proposals_in_flight <value>`, one
     /// answer per connection, as the daemon's endpoint does.
