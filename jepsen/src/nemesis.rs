@@ -12,10 +12,11 @@
 //! change or a transfer storm *during* another fault.
 //!
 //! `freeze` (not part of `all`: the Soft-RoCE lab's stale-leader scenario)
-//! cuts the leader off, sends it [`FREEZE_PROPOSALS`] appends at once and
-//! has it SIGSTOPped [`FREEZE_DELAY`] after they arrived (by a watcher next
-//! to it, [`Substrate::arm_freeze`], or by the nemesis where the substrate
-//! has none), so its one-sided WRITEs are still in flight when it stops;
+//! arms a watcher next to the leader ([`Substrate::arm_freeze`]), cuts the
+//! leader off, sends it [`FREEZE_PROPOSALS`] appends at once and has it
+//! SIGSTOPped [`FREEZE_DELAY`] after they arrived (by the watcher, or by
+//! the nemesis where the substrate has none), so its one-sided WRITEs are
+//! still in flight when it stops;
 //! the others elect a leader, which fences it out; the network heals while
 //! it is still stopped; where the substrate can count them
 //! ([`Substrate::nic_refusals`]) the nemesis waits, bounded, until the
@@ -540,15 +541,19 @@ impl Nemesis {
         };
         let others: Vec<u64> = nodes.iter().copied().filter(|n| *n != node).collect();
         self.event("freeze", json!({"node": node, "term": term}), Phase::Start);
+        let refused_before = self.refusals(node, &others).await;
+        // The watcher before the cut: arming it takes seconds on a lab
+        // guest, and a leader cut off that long closes its queue pairs at
+        // its reply timeout, so no WRITE would be in flight when it stops.
+        // The workload alone keeps fewer appends in flight than the
+        // watcher waits for.
+        let armed = self
+            .blocking(move |s| s.arm_freeze(node, FREEZE_PROPOSALS, FREEZE_DELAY, FREEZE_ARM_BOUND))
+            .await;
         let groups = vec![vec![node], others.clone()];
         let r = self.blocking(move |s| s.partition(&groups)).await;
         let cut_err = self.note("partition", r);
         self.leader_window(node, term, Phase::Start);
-        let refused_before = self.refusals(node, &others).await;
-        // The watcher first: a stop sent after the appends may come too late.
-        let armed = self
-            .blocking(move |s| s.arm_freeze(node, FREEZE_PROPOSALS, FREEZE_DELAY, FREEZE_ARM_BOUND))
-            .await;
         let stale = self.send_stale(node);
         let frozen = match armed {
             Ok(()) => self.wait_stopped(node).await,

@@ -12,6 +12,9 @@ fn init_logging(json: bool) {
         .unwrap_or_else(|_| "info,openraft=warn".into());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colour only on a terminal: a log file keeps plain text, which
+        // the lab's and the operators' greps (`peer=<ip>:`) rely on.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     if json {
         builder.json().init();

@@ -118,6 +118,11 @@ fn rings_live_in_the_ring_dir_and_go_with_their_data_dir() {
     }
     assert!(!ring2.exists(), "the ring of a removed data dir is swept");
     assert!(ring3.exists());
+    // A log written to a file is plain text: no colour codes, which break
+    // every grep of it (the lab counts NIC refusals by `peer=<ip>:`).
+    let log = c.log(3);
+    assert!(log.contains("INFO"), "{log}");
+    assert!(!log.contains('\x1b'), "colour codes in a log file: {log:?}");
     assert_eq!(
         rings_in(&ring_dir),
         [ring3.file_name().unwrap().to_string_lossy()]
