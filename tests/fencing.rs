@@ -134,7 +134,7 @@ impl Link {
     }
 
     async fn grant(&self, epoch: Epoch) -> Reply {
-        self.call(&Request::Grant { epoch: epoch.0 }).await
+        self.call(&Request::Grant { epoch }).await
     }
 
     /// WRITEs `entries` as records at `tail` and posts the AppendEntries
@@ -162,7 +162,7 @@ impl Link {
             vote,
             prev_log_id: tail.last_log_id(),
             leader_commit: None,
-            epoch: epoch.0,
+            epoch,
             body: AppendBody::Written {
                 from_lsn: buffer.start_lsn(),
                 to_lsn: buffer.end_lsn(),
@@ -217,7 +217,7 @@ fn encode_records(
         next_lsn: encoder.next_lsn(),
         next_index: tip.next_index,
         last_term: tip.last_term,
-        epoch: tip.epoch.0,
+        epoch: tip.epoch,
         unanchored: tip.unanchored,
         head_lsn: tail.head_lsn,
     };
@@ -297,9 +297,9 @@ async fn a_deposed_leader_is_not_granted_again_after_the_term_advanced() {
     let again = old.connect().await;
     match again.grant(old.epoch(1)).await {
         Reply::NotFenced { fence } => assert!(
-            Epoch(fence).term() >= 2,
+            fence.term() >= 2,
             "the refusal names the newer term: {}",
-            Epoch(fence)
+            fence
         ),
         other => panic!("a deposed leader was granted write access again: {other:?}"),
     }
@@ -465,7 +465,7 @@ async fn a_refused_request_never_erases_a_batch_another_connection_prepared() {
             vote: leader.vote(1),
             prev_log_id: None,
             leader_commit: None,
-            epoch: leader.epoch(1).0,
+            epoch: leader.epoch(1),
             body: AppendBody::Written {
                 from_lsn: tail.next_lsn,
                 to_lsn: after.next_lsn,
@@ -523,7 +523,7 @@ async fn a_fence_change_between_prepare_and_commit_is_not_fatal() {
     let c = three.connect().await;
     assert!(c.cas_fence(one.epoch(1), three.epoch(2)).await);
     c.post(&Request::Grant {
-        epoch: three.epoch(2).0,
+        epoch: three.epoch(2),
     });
 
     held.release();

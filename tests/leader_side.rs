@@ -38,7 +38,7 @@ async fn grant_the_leader(
     granted: ringraft::protocol::Tail,
 ) {
     match next_request(conn).await.unwrap() {
-        Request::Grant { epoch: e } => assert_eq!(e, epoch.0),
+        Request::Grant { epoch: e } => assert_eq!(e, epoch),
         other => panic!("expected a grant: {other:?}"),
     }
     let fence = follower.fence.word(0).unwrap();

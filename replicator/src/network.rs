@@ -555,7 +555,7 @@ impl PeerNet {
                 break;
             }
         }
-        match self.call(&Request::Grant { epoch: epoch.0 }, ttl).await? {
+        match self.call(&Request::Grant { epoch }, ttl).await? {
             Reply::Granted { data, tail } => {
                 check_data_area(&data, capacity)
                     .and_then(|()| check_tail(&tail, capacity))
@@ -573,7 +573,6 @@ impl PeerNet {
                 Ok(view)
             }
             Reply::NotFenced { fence } => {
-                let fence = Epoch(fence);
                 if fence > epoch {
                     Err(Failure::HigherVote(Vote::new(
                         fence.term(),
@@ -645,8 +644,11 @@ impl PeerNet {
         let prev = req.prev_log_id;
         let last = req.entries.last().map(|e| e.log_id).or(prev);
         self.link().await?;
+        // A heartbeat names the epoch of its vote (no fence is needed for
+        // one); a term too large for an epoch names the epoch before any
+        // leader, which no fence check accepts.
         let epoch_of_vote =
-            Epoch::new(req.vote.leader_id.term, self.ctx.node_id).map_or(0, |e| e.0);
+            Epoch::new(req.vote.leader_id.term, self.ctx.node_id).unwrap_or_default();
         if req.entries.is_empty() {
             self.post(&Request::Append {
                 vote: req.vote,
@@ -677,7 +679,7 @@ impl PeerNet {
                 "entries travel two-sided"
             );
             sent_to = self
-                .post_inline(req, view.epoch.0, view.capacity, ttl)
+                .post_inline(req, view.epoch, view.capacity, ttl)
                 .await?;
             // The follower's tail is known again from the answer (the grant
             // and its rkey stay good).
@@ -815,7 +817,7 @@ impl PeerNet {
             vote: req.vote,
             prev_log_id: req.prev_log_id,
             leader_commit: req.leader_commit,
-            epoch: view.epoch.0,
+            epoch: view.epoch,
             body: AppendBody::Written {
                 from_lsn: buffer.start_lsn(),
                 to_lsn: buffer.end_lsn(),
@@ -829,7 +831,7 @@ impl PeerNet {
         view.tail.next_lsn = encoder.next_lsn();
         view.tail.next_index = tip.next_index;
         view.tail.last_term = tip.last_term;
-        view.tail.epoch = tip.epoch.0;
+        view.tail.epoch = tip.epoch;
         view.tail.unanchored = tip.unanchored;
         self.view = Some(*view);
         Ok((writes, sent_to))
@@ -842,7 +844,7 @@ impl PeerNet {
     async fn post_inline(
         &mut self,
         mut req: AppendEntriesRequest<TypeConfig>,
-        epoch: u64,
+        epoch: Epoch,
         capacity: u64,
         ttl: Duration,
     ) -> Result<Option<crate::types::LogId>, Failure> {
@@ -948,7 +950,6 @@ impl PeerNet {
             }
             Reply::NotFenced { fence } => {
                 self.view = None;
-                let fence = Epoch(fence);
                 Err(Failure::Network(format!(
                     "node {} is fenced by {fence}",
                     self.target

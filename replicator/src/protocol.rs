@@ -17,6 +17,7 @@ use openraft::raft::{
     SnapshotResponse, TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use ringraft_transport::RemoteRegion;
+use ringraft_wal::Epoch;
 use serde::{Deserialize, Serialize};
 
 use crate::types::{LogId, SnapshotMeta, TypeConfig, Vote};
@@ -70,7 +71,7 @@ pub struct Tail {
     /// Term of the last entry.
     pub last_term: u64,
     /// Epoch of the last record.
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// The log is empty and was never purged.
     pub unanchored: bool,
     /// The follower's head (oldest byte still needed).
@@ -93,7 +94,7 @@ impl Tail {
         ringraft_wal::ChainTip {
             next_index: self.next_index,
             last_term: self.last_term,
-            epoch: ringraft_wal::Epoch(self.epoch),
+            epoch: self.epoch,
             unanchored: self.unanchored,
         }
     }
@@ -106,7 +107,7 @@ pub enum Request {
     /// "I hold your fence now (I CASed it to `epoch`): give me write access."
     Grant {
         /// The epoch the initiator wrote into the fence.
-        epoch: u64,
+        epoch: Epoch,
     },
     /// AppendEntries, split into its metadata and how the entries travel.
     Append {
@@ -117,7 +118,7 @@ pub enum Request {
         /// The leader's commit.
         leader_commit: Option<LogId>,
         /// The epoch the leader holds.
-        epoch: u64,
+        epoch: Epoch,
         /// The entries.
         body: AppendBody,
     },
@@ -198,7 +199,7 @@ pub enum Reply {
     /// Not granted or not appended: the fence is not the initiator's.
     NotFenced {
         /// The fence found.
-        fence: u64,
+        fence: Epoch,
     },
     /// A part of a split request was stored; send the next.
     PartStored,
@@ -257,16 +258,23 @@ mod tests {
 
     #[test]
     fn messages_round_trip_and_garbage_is_an_error() {
-        let req = Request::Grant { epoch: 5 << 16 | 1 };
-        let back: Request = decode(&encode(&req).unwrap()).unwrap();
-        assert!(matches!(back, Request::Grant { epoch } if epoch == 5 << 16 | 1));
+        let epoch = Epoch::new(5, 1).unwrap();
+        let req = Request::Grant { epoch };
+        let bytes = encode(&req).unwrap();
+        let back: Request = decode(&bytes).unwrap();
+        assert!(matches!(back, Request::Grant { epoch: e } if e == epoch));
+        // The typed epoch travels as the integer it always was (the fence
+        // word's value): the wire format did not change.
+        let word =
+            bincode::serde::encode_to_vec((0u32, epoch.0), bincode::config::standard()).unwrap();
+        assert_eq!(bytes, word);
         assert!(decode::<Request>(&[0xff; 9]).is_err());
         assert!(decode::<Reply>(&[]).is_err());
         let tail = Tail {
             next_lsn: 640,
             next_index: 10,
             last_term: 3,
-            epoch: 3 << 16 | 2,
+            epoch: Epoch::new(3, 2).unwrap(),
             unanchored: false,
             head_lsn: 0,
         };

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use openraft::raft::{AppendEntriesRequest, VoteResponse};
 use ringraft_transport::{Connection, Listener, Received};
-use ringraft_wal::{AdoptRequest, Epoch, FenceWord, LogPos};
+use ringraft_wal::{AdoptRequest, Epoch, LogPos};
 
 use crate::fencing::FencedRing;
 use crate::log_store::LogStore;
@@ -92,14 +92,13 @@ async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
 
 fn not_fenced(store: &LogStore) -> Reply {
     Reply::NotFenced {
-        fence: FenceWord::new(store.fence()).to_word(),
+        fence: store.fence(),
     }
 }
 
 /// True when `epoch` is the ring's fence and belongs to `peer`.
-fn fenced_by(store: &LogStore, epoch: u64, peer: u64) -> bool {
-    FenceWord::from_word(epoch).epoch().leader_id() == peer
-        && FenceWord::new(store.fence()).to_word() == epoch
+fn fenced_by(store: &LogStore, epoch: Epoch, peer: u64) -> bool {
+    epoch.leader_id() == peer && store.fence() == epoch
 }
 
 async fn handle(
@@ -111,20 +110,18 @@ async fn handle(
 ) -> Reply {
     match request {
         Request::Grant { epoch } => {
-            if Epoch(epoch).leader_id() != peer {
-                return Reply::Error(format!("epoch {epoch:#x} is not node {peer}'s"));
+            if epoch.leader_id() != peer {
+                return Reply::Error(format!("epoch {epoch} is not node {peer}'s"));
             }
             // With no leader request in flight: the tail told to the
             // grantee stays exact until it writes.
             ctx.store
-                .exclusively(|| match ctx.ring.grant(&ctx.store, Epoch(epoch)) {
+                .exclusively(|| match ctx.ring.grant(&ctx.store, epoch) {
                     Ok(data) => Reply::Granted {
                         data,
                         tail: ctx.store.tail(),
                     },
-                    Err(fence) => Reply::NotFenced {
-                        fence: FenceWord::new(fence).to_word(),
-                    },
+                    Err(fence) => Reply::NotFenced { fence },
                 })
                 .await
         }
@@ -253,7 +250,7 @@ async fn append(
     vote: Vote,
     prev_log_id: Option<crate::types::LogId>,
     leader_commit: Option<crate::types::LogId>,
-    epoch: u64,
+    epoch: Epoch,
     body: AppendBody,
     partial: &mut Partial,
 ) -> Reply {

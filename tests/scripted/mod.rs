@@ -112,7 +112,7 @@ pub fn tail(next_lsn: u64, last: LogId, epoch: Epoch) -> Tail {
         next_lsn,
         next_index: last.index + 1,
         last_term: last.leader_id.term,
-        epoch: epoch.0,
+        epoch,
         unanchored: false,
         head_lsn: 0,
     }

@@ -108,6 +108,11 @@ pub const MAX_TERM: u64 = (1 << (64 - EPOCH_LEADER_BITS)) - 1;
 /// Ordering epochs as integers orders them by term first, then by leader id,
 /// which is what the fence's "only upward" rule needs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(transparent)
+)]
 pub struct Epoch(pub u64);
 
 impl Epoch {

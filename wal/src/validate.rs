@@ -100,6 +100,7 @@ fn one_past(index: u64) -> u64 {
 
 /// A log position: a Raft log id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct LogPos {
     /// Raft term.
     pub term: u64,

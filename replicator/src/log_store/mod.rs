@@ -618,7 +618,7 @@ impl LogStore {
             next_lsn: ring.tail_lsn(),
             next_index: tip.next_index,
             last_term: tip.last_term,
-            epoch: tip.epoch.0,
+            epoch: tip.epoch,
             unanchored: tip.unanchored,
             head_lsn: ring.head_lsn(),
         }
