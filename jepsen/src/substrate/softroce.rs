@@ -64,7 +64,8 @@ fn guest_dir(id: u64) -> String {
 /// bash's `/dev/tcp`: no client tool needed in the guest) until it reaches
 /// `in_flight`, then sleeps `delay` and SIGSTOPs the process whose id is in
 /// `pid_file`; prints `stopped ...` and exits 0, or `gave up ...` and exits
-/// 1 after `bound`.
+/// 1 after `bound`. It polls at least once, however late it starts (a
+/// loaded guest may start it after `bound`).
 pub fn freeze_watch_script(
     pid_file: &str,
     metrics: &str,
@@ -79,12 +80,13 @@ m() {{ exec 3<>/dev/tcp/{host}/{port} || return 0
   printf 'GET /metrics HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n' >&3
   awk '$1 == "ringraft_proposals_in_flight" {{ printf "%d", $2 }}' <&3; exec 3<&-; }}
 end=$(( $(date +%s%N) / 1000000 + {bound_ms} ))
-while [ $(( $(date +%s%N) / 1000000 )) -lt $end ]; do
+while :; do
   n=$(m 2>/dev/null)
   if [ "${{n:-0}}" -ge {in_flight} ]; then
     sleep {delay_s}; kill -STOP "$p" || exit 2
     echo "stopped pid $p, $n proposals in flight"; exit 0
   fi
+  [ $(( $(date +%s%N) / 1000000 )) -lt $end ] || break
   sleep 0.02
 done
 echo "gave up after {bound_ms} ms: ${{n:-no}} proposals in flight"; exit 1
@@ -525,6 +527,20 @@ mod tests {
             .to_string()
     }
 
+    /// `child`'s state once it is stopped, or its last state after a bound
+    /// no machine reaches: a SIGSTOP is sent when `kill` returns, but the
+    /// process stops only when it next runs, later on a loaded machine.
+    fn state_once_stopped(child: &Child) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let now = state(child);
+            if now.contains("T (stopped)") || std::time::Instant::now() > deadline {
+                return now;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     #[test]
     fn the_freeze_watcher_stops_the_process_once_enough_proposals_are_in_flight() {
         let dir = tempfile::tempdir().unwrap();
@@ -561,7 +577,33 @@ mod tests {
         let text = String::from_utf8_lossy(&out.stdout);
         assert_eq!(out.status.code(), Some(0), "{text}");
         assert!(text.contains("8 proposals in flight"), "{text}");
-        assert!(state(&child).contains("T (stopped)"), "{}", state(&child));
+        let stopped = state_once_stopped(&child);
+        assert!(stopped.contains("T (stopped)"), "{stopped}");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// A watcher started after its bound (a loaded guest) still polls once:
+    /// enough proposals in flight then, and it stops the process.
+    #[test]
+    fn the_freeze_watcher_polls_once_even_when_started_after_its_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new("sleep").arg("60").spawn().unwrap();
+        let pid_file = dir.path().join("pid");
+        std::fs::write(&pid_file, child.id().to_string()).unwrap();
+        let addr = metrics_server(Arc::new(AtomicU64::new(8)));
+        let script = freeze_watch_script(
+            &pid_file.display().to_string(),
+            &addr,
+            8,
+            Duration::ZERO,
+            Duration::ZERO,
+        );
+        let out = Command::new("bash").arg("-c").arg(script).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{text}");
+        let stopped = state_once_stopped(&child);
+        assert!(stopped.contains("T (stopped)"), "{stopped}");
         child.kill().unwrap();
         child.wait().unwrap();
     }
