@@ -6,9 +6,7 @@
 
 use openraft::raft::AppendEntriesRequest;
 use ringraft_transport::RemoteRegion;
-use ringraft_wal::WordLength;
 
-use super::error::Failure;
 use crate::protocol::{Hello, Tail};
 use crate::types::TypeConfig;
 
@@ -80,18 +78,6 @@ pub(super) fn check_tail(tail: &Tail, capacity: u64) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// The failure of an 8-byte READ of a control word that returned another
-/// length. The transport checks the length of READ results; the wal's word
-/// decoders check it again, where the bytes become a word.
-pub(super) fn short_word(target: u64) -> impl Fn(WordLength) -> Failure {
-    move |e| {
-        Failure::Network(format!(
-            "a READ of node {target}'s {} word returned {} bytes, not 8",
-            e.word, e.found
-        ))
-    }
 }
 
 /// `limit_bytes` (at least one entry), given each entry's encoded payload

@@ -48,6 +48,7 @@ use std::sync::Arc;
 use crate::protocol::{MAX_PART_BYTES, Reply, Request};
 use crate::types::{NodeInfo, TypeConfig, Vote};
 pub(crate) use error::Failure;
+pub use error::ReplicationError;
 use error::{rpc_error, streaming_error};
 pub use peer::PeerNet;
 use pipeline::Pipeline;
@@ -154,16 +155,11 @@ impl RaftNetworkV2<TypeConfig> for PeerNet {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        match self
-            .call(&Request::Vote(rpc), option.hard_ttl())
-            .await
-            .map_err(rpc_error)?
-        {
+        let answer = self.call(&Request::Vote(rpc), option.hard_ttl()).await;
+        self.answer_of(answer, "a vote", |reply| match reply {
             Reply::Voted(resp) => Ok(resp),
-            other => Err(rpc_error(Failure::Network(format!(
-                "unexpected answer to a vote: {other:?}"
-            )))),
-        }
+            other => Err(other),
+        })
     }
 
     async fn pre_vote(
@@ -171,16 +167,11 @@ impl RaftNetworkV2<TypeConfig> for PeerNet {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        match self
-            .call(&Request::PreVote(rpc), option.hard_ttl())
-            .await
-            .map_err(rpc_error)?
-        {
+        let answer = self.call(&Request::PreVote(rpc), option.hard_ttl()).await;
+        self.answer_of(answer, "a pre-vote", |reply| match reply {
             Reply::Voted(resp) => Ok(resp),
-            other => Err(rpc_error(Failure::Network(format!(
-                "unexpected answer to a pre-vote: {other:?}"
-            )))),
-        }
+            other => Err(other),
+        })
     }
 
     async fn full_snapshot(
@@ -212,13 +203,17 @@ impl RaftNetworkV2<TypeConfig> for PeerNet {
                     Reply::PartStored if offset < total => {}
                     Reply::Installed(resp) if offset == total => return Ok(resp),
                     other => {
-                        return Err(Failure::Network(format!(
-                            "unexpected answer to a snapshot part: {other:?}"
-                        )));
+                        return Err(Failure::Protocol {
+                            node: self.target,
+                            what: format!("an answer to a snapshot part: {other:?}"),
+                        });
                     }
                 }
             }
-            Err(Failure::Network("snapshot ended without an answer".into()))
+            Err(Failure::Protocol {
+                node: self.target,
+                what: "no answer to a snapshot's last part".into(),
+            })
         };
         tokio::select! {
             closed = cancel => Err(StreamingError::Closed(closed)),
@@ -231,15 +226,30 @@ impl RaftNetworkV2<TypeConfig> for PeerNet {
         req: TransferLeaderRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
-        match self
+        let answer = self
             .call(&Request::TransferLeader(req), option.hard_ttl())
-            .await
-            .map_err(rpc_error)?
-        {
+            .await;
+        self.answer_of(answer, "a transfer", |reply| match reply {
             Reply::Transferred(resp) => Ok(resp),
-            other => Err(rpc_error(Failure::Network(format!(
-                "unexpected answer to a transfer: {other:?}"
-            )))),
-        }
+            other => Err(other),
+        })
+    }
+}
+
+impl PeerNet {
+    /// openraft's answer from the `answer` to one exchange about `what`:
+    /// `take` accepts the reply of the right kind, or gives it back.
+    fn answer_of<T>(
+        &self,
+        answer: Result<Reply, Failure>,
+        what: &str,
+        take: impl FnOnce(Reply) -> Result<T, Reply>,
+    ) -> Result<T, RPCError<TypeConfig>> {
+        take(answer.map_err(rpc_error)?).map_err(|other| {
+            rpc_error(Failure::Protocol {
+                node: self.target,
+                what: format!("an answer to {what}: {other:?}"),
+            })
+        })
     }
 }

@@ -14,7 +14,7 @@ use ringraft_transport::{Received, RemoteRegion};
 use ringraft_wal::{EntryRef, Epoch, FenceWord, HeadWord, RecordEncoder, WriteBuffer};
 
 use super::RING_FULL_WAIT;
-use super::checks::{check_data_area, check_tail, cut_to_fit, short_word};
+use super::checks::{check_data_area, check_tail, cut_to_fit};
 use super::error::Failure;
 use super::pool::{self, Link, NetCtx};
 use crate::log_store::encode_payload;
@@ -36,7 +36,7 @@ pub(super) struct View {
 /// The client of one target. See the module docs.
 pub struct PeerNet {
     ctx: Arc<NetCtx>,
-    target: u64,
+    pub(super) target: u64,
     addr: String,
     link: Option<Link>,
     view: Option<View>,
@@ -122,15 +122,10 @@ impl PeerNet {
     /// Sends a request (after whatever was posted before it on this
     /// connection).
     fn post(&mut self, request: &Request) -> Result<(), Failure> {
-        let link = self
-            .link
-            .as_ref()
-            .ok_or_else(|| Failure::Network("not connected".into()))?;
-        let bytes = encode(request).map_err(Failure::Network)?;
+        let link = self.link.as_ref().ok_or(Failure::NotConnected)?;
+        let bytes = encode(request).map_err(Failure::Codec)?;
         // The send's own completion is not awaited: the reply implies it.
-        link.conn
-            .post_send(&bytes)
-            .map_err(|e| Failure::Network(e.to_string()))?;
+        link.conn.post_send(&bytes)?;
         self.unanswered += 1;
         Ok(())
     }
@@ -146,29 +141,30 @@ impl PeerNet {
         &mut self,
         deadline: tokio::time::Instant,
     ) -> Result<Reply, Failure> {
-        let link = self
-            .link
-            .as_ref()
-            .ok_or_else(|| Failure::Network("not connected".into()))?;
+        let link = self.link.as_ref().ok_or(Failure::NotConnected)?;
         let received = tokio::time::timeout_at(deadline, link.conn.recv()).await;
         let result = match received {
-            Err(_) => Err(Failure::Network(format!(
-                "no answer from node {} in time",
-                self.target
-            ))),
-            Ok(Err(e)) => Err(Failure::Network(e.to_string())),
+            Err(_) => Err(Failure::Timeout { node: self.target }),
+            Ok(Err(e)) => Err(Failure::from(e)),
             Ok(Ok(Received::Message(bytes))) => {
                 self.unanswered = self.unanswered.saturating_sub(1);
-                decode::<Reply>(&bytes).map_err(Failure::Network)
+                decode::<Reply>(&bytes).map_err(|what| Failure::Protocol {
+                    node: self.target,
+                    what,
+                })
             }
-            Ok(Ok(Received::WriteImmediate(_))) => {
-                Err(Failure::Network("unexpected immediate".into()))
-            }
+            Ok(Ok(Received::WriteImmediate(_))) => Err(Failure::Protocol {
+                node: self.target,
+                what: "a WRITE with immediate on the control connection".into(),
+            }),
         };
         match result {
             Ok(Reply::Error(e)) => {
                 self.drop_link("the peer answered an error");
-                Err(Failure::Network(format!("node {}: {e}", self.target)))
+                Err(Failure::Remote {
+                    node: self.target,
+                    message: e,
+                })
             }
             Ok(reply) => Ok(reply),
             Err(f) => {
@@ -192,8 +188,10 @@ impl PeerNet {
     /// Makes sure this leader holds the follower's fence for `vote` and has
     /// write access to its data area.
     async fn ensure_fenced(&mut self, vote: &Vote, ttl: Duration) -> Result<View, Failure> {
-        let epoch = Epoch::new(vote.leader_id.term, self.ctx.node_id)
-            .ok_or_else(|| Failure::Network("term or node id does not fit an epoch".into()))?;
+        let epoch = Epoch::new(vote.leader_id.term, self.ctx.node_id).ok_or(Failure::NoEpoch {
+            term: vote.leader_id.term,
+            node: self.ctx.node_id,
+        })?;
         if let Some(view) = self.view
             && view.epoch == epoch
         {
@@ -202,12 +200,9 @@ impl PeerNet {
         self.view = None;
         let link = self.link().await?;
         let (conn, fence, capacity) = (link.conn.clone(), link.hello.fence, link.hello.capacity);
-        let transport = |e: ringraft_transport::TransportError| Failure::Network(e.to_string());
         loop {
-            let bytes = conn.read(fence.start(), 8).await.map_err(transport)?;
-            let current = FenceWord::from_bytes(&bytes)
-                .map_err(short_word(self.target))?
-                .epoch();
+            let bytes = conn.read(fence.start(), 8).await?;
+            let current = FenceWord::from_bytes(&bytes)?.epoch();
             if current == epoch {
                 break;
             }
@@ -223,8 +218,7 @@ impl PeerNet {
                     FenceWord::new(current).to_word(),
                     FenceWord::new(epoch).to_word(),
                 )
-                .await
-                .map_err(transport)?
+                .await?
                 == FenceWord::new(current).to_word()
             {
                 self.ctx.metrics.fence_changes.inc();
@@ -235,8 +229,9 @@ impl PeerNet {
             Reply::Granted { data, tail } => {
                 check_data_area(&data, capacity)
                     .and_then(|()| check_tail(&tail, capacity))
-                    .map_err(|e| {
-                        Failure::Network(format!("node {} granted nonsense: {e}", self.target))
+                    .map_err(|e| Failure::Protocol {
+                        node: self.target,
+                        what: format!("a bad grant: {e}"),
                     })?;
                 let view = View {
                     epoch,
@@ -255,12 +250,16 @@ impl PeerNet {
                         fence.leader_id(),
                     )))
                 } else {
-                    Err(Failure::Network(format!("grant refused: fence is {fence}")))
+                    Err(Failure::Fenced {
+                        node: self.target,
+                        by: fence,
+                    })
                 }
             }
-            other => Err(Failure::Network(format!(
-                "unexpected answer to a grant: {other:?}"
-            ))),
+            other => Err(Failure::Protocol {
+                node: self.target,
+                what: format!("an answer to a grant: {other:?}"),
+            }),
         }
     }
 
@@ -279,31 +278,29 @@ impl PeerNet {
                 return Ok(());
             }
             let link = self.link().await?;
-            let bytes = link
-                .conn
-                .read(link.hello.head.start(), 8)
-                .await
-                .map_err(|e| Failure::Network(e.to_string()))?;
-            let head_lsn = HeadWord::from_bytes(&bytes)
-                .map_err(short_word(self.target))?
-                .lsn();
+            let bytes = link.conn.read(link.hello.head.start(), 8).await?;
+            let head_lsn = HeadWord::from_bytes(&bytes)?.lsn();
             // A follower's head never passes its adopted tail, which is at
             // most where this leader writes next.
             if head_lsn > view.tail.next_lsn {
-                return Err(Failure::Network(format!(
-                    "node {}'s head {head_lsn} is beyond its tail {}",
-                    self.target, view.tail.next_lsn
-                )));
+                return Err(Failure::Protocol {
+                    node: self.target,
+                    what: format!(
+                        "its head {head_lsn} is beyond its tail {}",
+                        view.tail.next_lsn
+                    ),
+                });
             }
             view.tail.head_lsn = head_lsn;
             if end_lsn <= view.tail.head_lsn + view.capacity {
                 return Ok(());
             }
             if tokio::time::Instant::now() > deadline {
-                return Err(Failure::Unreachable(format!(
-                    "node {}'s ring is full (head {}, need up to {end_lsn} with the reserve)",
-                    self.target, view.tail.head_lsn
-                )));
+                return Err(Failure::RingFull {
+                    node: self.target,
+                    head_lsn: view.tail.head_lsn,
+                    need_lsn: end_lsn,
+                });
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_millis(50));
@@ -412,23 +409,19 @@ impl PeerNet {
     > {
         let (sent_to, encoder, buffer) = self.encode_written(view, &mut req)?;
         self.wait_for_room(view, buffer.end_lsn()).await?;
-        let link = self
-            .link
-            .as_ref()
-            .ok_or_else(|| Failure::Network("not connected".into()))?;
+        let link = self.link.as_ref().ok_or(Failure::NotConnected)?;
         let mut writes = Vec::with_capacity(buffer.segments().len());
         for segment in buffer.segments() {
             let at = view
                 .data
                 .at(segment.physical, segment.bytes.len() as u64)
-                .ok_or_else(|| Failure::Network("records outside the data area".into()))?;
+                .ok_or_else(|| Failure::Protocol {
+                    node: self.target,
+                    what: "records outside the data area it granted".into(),
+                })?;
             // Posted, not awaited: a failed WRITE puts the connection in the
             // error state, which the reply then reports.
-            writes.push(
-                link.conn
-                    .post_write(at, &segment.bytes)
-                    .map_err(|e| Failure::Network(e.to_string()))?,
-            );
+            writes.push(link.conn.post_write(at, &segment.bytes)?);
         }
         let last = req.entries.last().expect("non-empty").log_id;
         self.ctx
@@ -481,7 +474,7 @@ impl PeerNet {
             .iter()
             .map(|e| encode_payload(&e.payload))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| Failure::Network(e.to_string()))?;
+            .map_err(|e| Failure::Codec(format!("an entry's payload: {e}")))?;
         let sent_to = cut_to_fit(req, payloads.iter().map(Vec::len), view.capacity / 2);
         if sent_to.is_some() {
             payloads.truncate(req.entries.len());
@@ -492,11 +485,9 @@ impl PeerNet {
                 "batch larger than half the follower's ring: its prefix goes first"
             );
         }
-        let bad_grant = |e: ringraft_wal::record::EncodeError| {
-            Failure::Network(format!(
-                "node {} granted a ring we cannot write: {e}",
-                self.target
-            ))
+        let bad_grant = |e: ringraft_wal::record::EncodeError| Failure::Protocol {
+            node: self.target,
+            what: format!("it granted a ring this leader cannot write: {e}"),
         };
         let mut encoder = RecordEncoder::new(
             view.capacity,
@@ -507,21 +498,14 @@ impl PeerNet {
         .map_err(bad_grant)?;
         let mut buffer = WriteBuffer::new(view.capacity, view.tail.next_lsn).map_err(bad_grant)?;
         for (entry, payload) in req.entries.iter().zip(&payloads) {
-            encoder
-                .push(
-                    &mut buffer,
-                    &EntryRef {
-                        term: term_of(&entry.log_id),
-                        index: entry.log_id.index,
-                        payload,
-                    },
-                )
-                .map_err(|e| {
-                    Failure::Network(format!(
-                        "entries do not continue node {}'s log: {e}",
-                        self.target
-                    ))
-                })?;
+            encoder.push(
+                &mut buffer,
+                &EntryRef {
+                    term: term_of(&entry.log_id),
+                    index: entry.log_id.index,
+                    payload,
+                },
+            )?;
         }
         Ok((sent_to, encoder, buffer))
     }
@@ -542,9 +526,9 @@ impl PeerNet {
             .iter()
             .map(|e| encode_payload(&e.payload).map(|p| p.len()))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| Failure::Network(e.to_string()))?;
+            .map_err(|e| Failure::Codec(format!("an entry's payload: {e}")))?;
         let sent_to = cut_to_fit(&mut req, lens, capacity / 2);
-        let bytes = encode_entries(&req.entries).map_err(Failure::Network)?;
+        let bytes = encode_entries(&req.entries).map_err(Failure::Codec)?;
         let parts: Vec<&[u8]> = bytes.chunks(MAX_PART_BYTES).collect();
         let n = parts.len() as u32;
         for (k, part) in parts.iter().enumerate() {
@@ -564,9 +548,10 @@ impl PeerNet {
                 match self.reply(ttl).await? {
                     Reply::PartStored => {}
                     other => {
-                        return Err(Failure::Network(format!(
-                            "unexpected answer to a part: {other:?}"
-                        )));
+                        return Err(Failure::Protocol {
+                            node: self.target,
+                            what: format!("an answer to a part: {other:?}"),
+                        });
                     }
                 }
             }
@@ -620,10 +605,10 @@ impl PeerNet {
                 } else if let Some(view) = self.view.as_mut() {
                     if let Err(e) = check_tail(&tail, view.capacity) {
                         self.view = None;
-                        return Err(Failure::Network(format!(
-                            "node {} answered nonsense: {e}",
-                            self.target
-                        )));
+                        return Err(Failure::Protocol {
+                            node: self.target,
+                            what: format!("a bad tail: {e}"),
+                        });
                     }
                     if view.awaiting_tail || view.tail.next_lsn < tail.next_lsn {
                         view.tail = tail;
@@ -639,22 +624,23 @@ impl PeerNet {
             }
             Reply::NotFenced { fence } => {
                 self.view = None;
-                Err(Failure::Network(format!(
-                    "node {} is fenced by {fence}",
-                    self.target
-                )))
+                Err(Failure::Fenced {
+                    node: self.target,
+                    by: fence,
+                })
             }
             Reply::Rejected { reason, .. } => {
                 self.view = None;
                 self.ctx.metrics.rejected_records.inc();
-                Err(Failure::Network(format!(
-                    "node {} refused the written records: {reason}",
-                    self.target
-                )))
+                Err(Failure::Rejected {
+                    node: self.target,
+                    reason,
+                })
             }
-            other => Err(Failure::Network(format!(
-                "unexpected answer to an append: {other:?}"
-            ))),
+            other => Err(Failure::Protocol {
+                node: self.target,
+                what: format!("an answer to an append: {other:?}"),
+            }),
         }
     }
 }

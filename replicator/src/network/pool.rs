@@ -125,23 +125,38 @@ pub(super) async fn connect(ctx: &Arc<NetCtx>, target: u64, addr: &str) -> Resul
             joined
                 .map_err(|e| format!("connection task: {e}"))
                 .and_then(|r| r)
-                .map_err(|e| Failure::Unreachable(format!("node {} at {}: {e}", target, addr)))?
+                .map_err(|e| Failure::Unreachable {
+                    node: target,
+                    why: format!("at {addr}: {e}"),
+                })?
         }
     };
-    let hello: Hello = decode(&conn.peer().reveal.app_data).map_err(Failure::Network)?;
+    let hello: Hello = match decode(&conn.peer().reveal.app_data) {
+        Ok(hello) => hello,
+        Err(e) => {
+            conn.close();
+            return Err(Failure::Protocol {
+                node: target,
+                what: format!("a bad handshake at {addr}: {e}"),
+            });
+        }
+    };
     if hello.cluster_id != ctx.cluster_id || hello.node_id != target {
         conn.close();
-        return Err(Failure::Unreachable(format!(
-            "{} is node {} of cluster {:#x}, expected node {} of cluster {:#x}",
-            addr, hello.node_id, hello.cluster_id, target, ctx.cluster_id
-        )));
+        return Err(Failure::Unreachable {
+            node: target,
+            why: format!(
+                "{addr} is node {} of cluster {:#x}, not of cluster {:#x}",
+                hello.node_id, hello.cluster_id, ctx.cluster_id
+            ),
+        });
     }
     if let Err(e) = check_hello(&hello) {
         conn.close();
-        return Err(Failure::Network(format!(
-            "node {} at {} revealed a bad handshake: {e}",
-            target, addr
-        )));
+        return Err(Failure::Protocol {
+            node: target,
+            what: format!("a bad handshake at {addr}: {e}"),
+        });
     }
     Ok(Link { conn, hello })
 }
