@@ -36,6 +36,7 @@ pub mod state_machine;
 pub mod types;
 
 pub use log_store::{Durability, LocalGuard, LogStore, RingGuard};
+pub use network::ReplicationError;
 pub use node::{
     Fabric, LogRead, LogRecord, Node, NodeBuilder, NodeConfig, NodeError, ReadConsistency, Status,
 };

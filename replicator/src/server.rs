@@ -109,22 +109,7 @@ async fn handle(
     partial: &mut Partial,
 ) -> Reply {
     match request {
-        Request::Grant { epoch } => {
-            if epoch.leader_id() != peer {
-                return Reply::Error(format!("epoch {epoch} is not node {peer}'s"));
-            }
-            // With no leader request in flight: the tail told to the
-            // grantee stays exact until it writes.
-            ctx.store
-                .exclusively(|| match ctx.ring.grant(&ctx.store, epoch) {
-                    Ok(data) => Reply::Granted {
-                        data,
-                        tail: ctx.store.tail(),
-                    },
-                    Err(fence) => Reply::NotFenced { fence },
-                })
-                .await
-        }
+        Request::Grant { epoch } => grant(ctx, peer, epoch).await,
         Request::Append {
             vote,
             prev_log_id,
@@ -152,18 +137,7 @@ async fn handle(
             .await
         }
         Request::Vote(req) | Request::PreVote(req) if ctx.store.votes_blocked() => {
-            let mut reader = ctx.store.clone();
-            let current = openraft::storage::RaftLogReader::read_vote(&mut reader)
-                .await
-                .ok()
-                .flatten()
-                .unwrap_or(req.vote);
-            let last = ctx.store.tail().last_log_id();
-            tracing::info!(
-                peer,
-                "vote refused: this node's log is corrupt inside until re-replicated"
-            );
-            Reply::Voted(VoteResponse::new(current, last, false))
+            refuse_vote(ctx, peer, req).await
         }
         Request::Vote(req) => match ctx.raft.vote(req).await {
             Ok(resp) => Reply::Voted(resp),
@@ -200,20 +174,63 @@ async fn handle(
             Err(e) => Reply::Error(e.to_string()),
         },
         Request::Propose(commands) => propose(ctx, commands).await,
-        Request::ReadIndex { lease } => {
-            let policy = if lease {
-                openraft::ReadPolicy::LeaseRead
-            } else {
-                openraft::ReadPolicy::ReadIndex
-            };
-            match ctx.raft.ensure_linearizable(policy).await {
-                Ok(read) => Reply::ReadIndex(read.index()),
-                Err(openraft::error::RaftError::APIError(
-                    openraft::error::LinearizableReadError::ForwardToLeader(f),
-                )) => Reply::NotLeader(f.leader_id),
-                Err(e) => Reply::Error(e.to_string()),
-            }
-        }
+        Request::ReadIndex { lease } => read_index(ctx, lease).await,
+    }
+}
+
+/// Grants write access to `peer`, the holder of `epoch` (see
+/// [`FencedRing::grant`]).
+async fn grant(ctx: &ServerCtx, peer: u64, epoch: Epoch) -> Reply {
+    if epoch.leader_id() != peer {
+        return Reply::Error(format!("epoch {epoch} is not node {peer}'s"));
+    }
+    // With no leader request in flight: the tail told to the grantee
+    // stays exact until it writes.
+    ctx.store
+        .exclusively(|| match ctx.ring.grant(&ctx.store, epoch) {
+            Ok(data) => Reply::Granted {
+                data,
+                tail: ctx.store.tail(),
+            },
+            Err(fence) => Reply::NotFenced { fence },
+        })
+        .await
+}
+
+/// The answer to a (pre-)vote while this node's log is corrupt inside: no.
+async fn refuse_vote(
+    ctx: &ServerCtx,
+    peer: u64,
+    req: openraft::raft::VoteRequest<crate::types::TypeConfig>,
+) -> Reply {
+    let mut reader = ctx.store.clone();
+    let current = openraft::storage::RaftLogReader::read_vote(&mut reader)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(req.vote);
+    let last = ctx.store.tail().last_log_id();
+    tracing::info!(
+        peer,
+        "vote refused: this node's log is corrupt inside until re-replicated"
+    );
+    Reply::Voted(VoteResponse::new(current, last, false))
+}
+
+/// The read index of this node as the leader (under its lease with
+/// `lease`), or who the leader is.
+async fn read_index(ctx: &ServerCtx, lease: bool) -> Reply {
+    let policy = if lease {
+        openraft::ReadPolicy::LeaseRead
+    } else {
+        openraft::ReadPolicy::ReadIndex
+    };
+    match ctx.raft.ensure_linearizable(policy).await {
+        Ok(read) => Reply::ReadIndex(read.index()),
+        Err(openraft::error::RaftError::APIError(
+            openraft::error::LinearizableReadError::ForwardToLeader(f),
+        )) => Reply::NotLeader(f.leader_id),
+        Err(e) => Reply::Error(e.to_string()),
     }
 }
 
@@ -258,89 +275,15 @@ async fn append(
     // overlaps a request that may extend the log.
     let _in_flight = ctx.store.begin_leader_request().await;
     let inline = matches!(body, AppendBody::Inline { .. });
-    let entries: Vec<Entry> = match body {
-        AppendBody::Empty => Vec::new(),
-        AppendBody::Written {
-            from_lsn,
-            to_lsn,
-            count,
-            last,
-        } => {
-            if !fenced_by(&ctx.store, epoch, peer) {
-                return not_fenced(&ctx.store);
-            }
-            let request = AdoptRequest {
-                from_lsn,
-                to_lsn,
-                entries: count,
-                last: Some(LogPos {
-                    term: term_of(&last),
-                    index: last.index,
-                }),
-            };
-            match ctx.store.prepare_adoption(conn_id, request) {
-                Ok(entries) => {
-                    crate::hooks::pass(
-                        ctx.hooks.as_ref(),
-                        crate::hooks::HookPoint::AdoptionPrepared,
-                    )
-                    .await;
-                    entries
-                }
-                Err(e) => {
-                    tracing::warn!(peer, error = %e, "written records refused");
-                    ctx.store.reject_written(conn_id, to_lsn);
-                    return Reply::Rejected {
-                        reason: e.to_string(),
-                        tail: ctx.store.tail(),
-                    };
-                }
-            }
-        }
-        AppendBody::Inline { part, parts, bytes } => {
-            if part == 0 {
-                partial.inline.clear();
-                partial.inline_parts = 0;
-            }
-            if part != partial.inline_parts || parts == 0 || part >= parts {
-                partial.inline.clear();
-                return Reply::Error(format!("inline part {part} of {parts} out of order"));
-            }
-            if partial.inline.len() as u64 + bytes.len() as u64 > MAX_INLINE_BATCH_BYTES {
-                partial.inline.clear();
-                return Reply::Error("inline entry batch too large".into());
-            }
-            partial.inline.extend_from_slice(&bytes);
-            partial.inline_parts += 1;
-            if partial.inline_parts < parts {
-                return Reply::PartStored;
-            }
-            let bytes = std::mem::take(&mut partial.inline);
-            let entries: Vec<Entry> = match decode_entries(&bytes) {
-                Ok(e) => e,
-                Err(e) => return Reply::Error(e),
-            };
-            if !entries.is_empty() && !fenced_by(&ctx.store, epoch, peer) {
-                return not_fenced(&ctx.store);
-            }
-            entries
-        }
+    let entries = match entries_of(ctx, peer, conn_id, epoch, body, partial).await {
+        Ok(entries) => entries,
+        Err(reply) => return reply,
     };
-    // Entries this node writes into its ring itself (two-sided) wait for
-    // room there first, as a leader's proposals do: the flusher gives room
-    // back as it writes the ring's records to the segments. Entries already
-    // in the ring (adopted in place) need none.
+    // Entries already in the ring (adopted in place) need no room.
     let room = if inline && !entries.is_empty() {
-        let mut need = 0u64;
-        for entry in &entries {
-            match crate::log_store::encode_payload(&entry.payload) {
-                Ok(p) => need += ringraft_wal::record::record_len(p.len() as u64),
-                Err(e) => return Reply::Error(format!("entry {}: {e}", entry.log_id.index)),
-            }
-        }
-        match ctx.admission.admit_bytes(need).await {
+        match room_for(ctx, &entries).await {
             Ok(room) => Some(room),
-            Err(e) => return Reply::Error(format!("no room in the ring for the entries: {e}")),
+            Err(reply) => return reply,
         }
     } else {
         None
@@ -362,6 +305,106 @@ async fn append(
         },
         Err(e) => Reply::Error(e.to_string()),
     }
+}
+
+/// The entries of an AppendEntries' `body`: adopted in place (one-sided,
+/// after the fence check and the adoption rules) or decoded from its
+/// two-sided parts. `Err` is the reply instead (a part stored, a refusal).
+async fn entries_of(
+    ctx: &ServerCtx,
+    peer: u64,
+    conn_id: u64,
+    epoch: Epoch,
+    body: AppendBody,
+    partial: &mut Partial,
+) -> Result<Vec<Entry>, Reply> {
+    match body {
+        AppendBody::Empty => Ok(Vec::new()),
+        AppendBody::Written {
+            from_lsn,
+            to_lsn,
+            count,
+            last,
+        } => {
+            if !fenced_by(&ctx.store, epoch, peer) {
+                return Err(not_fenced(&ctx.store));
+            }
+            let request = AdoptRequest {
+                from_lsn,
+                to_lsn,
+                entries: count,
+                last: Some(LogPos {
+                    term: term_of(&last),
+                    index: last.index,
+                }),
+            };
+            match ctx.store.prepare_adoption(conn_id, request) {
+                Ok(entries) => {
+                    crate::hooks::pass(
+                        ctx.hooks.as_ref(),
+                        crate::hooks::HookPoint::AdoptionPrepared,
+                    )
+                    .await;
+                    Ok(entries)
+                }
+                Err(e) => {
+                    tracing::warn!(peer, error = %e, "written records refused");
+                    ctx.store.reject_written(conn_id, to_lsn);
+                    Err(Reply::Rejected {
+                        reason: e.to_string(),
+                        tail: ctx.store.tail(),
+                    })
+                }
+            }
+        }
+        AppendBody::Inline { part, parts, bytes } => {
+            if part == 0 {
+                partial.inline.clear();
+                partial.inline_parts = 0;
+            }
+            if part != partial.inline_parts || parts == 0 || part >= parts {
+                partial.inline.clear();
+                return Err(Reply::Error(format!(
+                    "inline part {part} of {parts} out of order"
+                )));
+            }
+            if partial.inline.len() as u64 + bytes.len() as u64 > MAX_INLINE_BATCH_BYTES {
+                partial.inline.clear();
+                return Err(Reply::Error("inline entry batch too large".into()));
+            }
+            partial.inline.extend_from_slice(&bytes);
+            partial.inline_parts += 1;
+            if partial.inline_parts < parts {
+                return Err(Reply::PartStored);
+            }
+            let bytes = std::mem::take(&mut partial.inline);
+            let entries: Vec<Entry> = match decode_entries(&bytes) {
+                Ok(e) => e,
+                Err(e) => return Err(Reply::Error(e)),
+            };
+            if !entries.is_empty() && !fenced_by(&ctx.store, epoch, peer) {
+                return Err(not_fenced(&ctx.store));
+            }
+            Ok(entries)
+        }
+    }
+}
+
+/// Room in the ring for entries this node writes itself (two-sided), as a
+/// leader's proposals wait for it: the flusher gives room back as it
+/// writes the ring's records to the segments. `Err` is the reply instead.
+async fn room_for(ctx: &ServerCtx, entries: &[Entry]) -> Result<crate::admission::Admitted, Reply> {
+    let mut need = 0u64;
+    for entry in entries {
+        match crate::log_store::encode_payload(&entry.payload) {
+            Ok(p) => need += ringraft_wal::record::record_len(p.len() as u64),
+            Err(e) => return Err(Reply::Error(format!("entry {}: {e}", entry.log_id.index))),
+        }
+    }
+    ctx.admission
+        .admit_bytes(need)
+        .await
+        .map_err(|e| Reply::Error(format!("no room in the ring for the entries: {e}")))
 }
 
 fn decode_entries(bytes: &[u8]) -> Result<Vec<Entry>, String> {
