@@ -157,20 +157,14 @@ fn read_own_header(file: &File, path: &Path, config: &RingConfig) -> Result<Ring
                 rule: "no incarnation is left to bump it to",
             },
         })?;
-    for (field, expected, found) in [
-        ("cluster id", config.cluster_id, header.cluster_id),
-        ("node id", config.node_id, header.node_id),
-        ("capacity", config.capacity, header.capacity),
-    ] {
-        if expected != found {
-            return Err(WalError::Foreign {
-                path: path.to_path_buf(),
-                field,
-                expected,
-                found,
-            });
-        }
-    }
+    WalError::check_owner(
+        path,
+        &[
+            ("cluster id", config.cluster_id, header.cluster_id),
+            ("node id", config.node_id, header.node_id),
+            ("capacity", config.capacity, header.capacity),
+        ],
+    )?;
     Ok(header)
 }
 
