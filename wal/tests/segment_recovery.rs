@@ -6,6 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use common::noise::noise;
 use common::segments::*;
 use ringraft_wal::disk::{Disk, RealDisk};
 use ringraft_wal::{
@@ -235,19 +236,6 @@ fn a_break_below_the_acknowledged_index_is_corruption_inside() {
             recovered_next_index: last
         })
     );
-}
-
-/// Deterministic bytes (xorshift), so that a failure replays.
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
 }
 
 #[test]

@@ -7,6 +7,8 @@ use ringraft_wal::{
     ChainTip, EntryRef, Epoch, LogPos, RecordEncoder, Ring, RingConfig, Wal, WriteBuffer,
 };
 
+#[path = "../../src/test_noise.rs"]
+pub mod noise;
 pub mod segments;
 
 pub const CAP: u64 = 1 << 20;
