@@ -110,6 +110,27 @@ pub fn open(
     SegmentLog::open(RealDisk, dir, config(segment_bytes), acked).unwrap()
 }
 
+/// Opens the log in `dir` again with `config` on the real disk and asserts
+/// that recovery finds it clean and holding `expected` (as (index, term,
+/// payload)).
+pub fn reopen_clean(
+    dir: &Path,
+    config: SegmentConfig,
+    expected: &[(u64, u64, Vec<u8>)],
+) -> (SegmentLog<RealDisk>, SegmentRecovery) {
+    let (log, recovery) = SegmentLog::open(RealDisk, dir, config, None).unwrap();
+    assert_eq!(recovery.damage, Damage::None, "{recovery:?}");
+    assert_eq!(contents(&log), expected);
+    (log, recovery)
+}
+
+/// The lsn right after the record of entry `index` in `log`: where the
+/// ring goes on when the log is cut after that entry.
+pub fn lsn_after<D: Disk>(log: &SegmentLog<D>, index: u64) -> u64 {
+    let r = log.reader().read(index).unwrap();
+    r.lsn + 64 + r.payload.len().next_multiple_of(64) as u64
+}
+
 /// Everything the log holds, read one by one and as one range.
 pub fn contents<D: Disk>(log: &SegmentLog<D>) -> Vec<(u64, u64, Vec<u8>)> {
     let reader = log.reader();
