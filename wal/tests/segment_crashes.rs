@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use common::segments::{RING, Source, lsn_after};
+use common::segments::{RING, Source, truncate_after_picked};
 use proptest::prelude::*;
 use ringraft_wal::disk::{Access, Disk, DiskFile};
 use ringraft_wal::{
@@ -365,17 +365,10 @@ impl Writer {
                 self.durable = durable.map(|d| d.index);
             }
             Op::TruncateAfter(k) => {
-                let Some(last) = self.source.entries.last().map(|e| e.0) else {
-                    return;
-                };
-                if last < self.first {
-                    return;
+                let picked = truncate_after_picked(&mut self.log, &mut self.source, self.first, *k);
+                if let Some(keep) = picked {
+                    self.durable = self.durable.map(|d| d.min(keep));
                 }
-                let keep = self.first + k % (last - self.first + 1);
-                let lsn_after = lsn_after(&self.log, keep);
-                self.log.truncate_after(Some(keep)).unwrap();
-                self.source.truncate_after(keep, lsn_after);
-                self.durable = self.durable.map(|d| d.min(keep));
             }
             Op::RemoveBefore(k) => {
                 let next = self.log.next_index();

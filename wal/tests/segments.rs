@@ -241,18 +241,9 @@ mod model {
                     assert_eq!(durable, self.log().last_log());
                 }
                 Op::TruncateAfter(k) => {
-                    let Some(last) = self.source.entries.last().map(|e| e.0) else {
-                        return;
-                    };
-                    let first = self.first;
-                    if last < first {
-                        return;
-                    }
                     // Somewhere in the retained range (not below it).
-                    let keep = first + k % (last - first + 1);
-                    let lsn_after = lsn_after(self.log(), keep);
-                    self.log().truncate_after(Some(keep)).unwrap();
-                    self.source.truncate_after(keep, lsn_after);
+                    let log = self.log.as_mut().unwrap();
+                    truncate_after_picked(log, &mut self.source, self.first, *k);
                 }
                 Op::RemoveBefore(k) => {
                     let next = self.log().next_index();
