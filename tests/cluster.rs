@@ -162,7 +162,7 @@ async fn reads_by_consistency() {
     use ringraft::ReadConsistency;
     let cluster = Cluster::start(Kind::Inproc, 3, Durability::Memory, 12).await;
     let leader = cluster.leader().await;
-    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let follower = cluster.follower_of(leader);
     let (index, _) = cluster.propose(b"visible".to_vec(), T).await.unwrap();
     // The recorder's snapshot is its applied log: decode and look.
     let has = |bytes: Vec<u8>| snapshot_has_visible(bytes, index);
@@ -191,7 +191,7 @@ async fn reads_by_consistency() {
 async fn leadership_transfers_to_the_chosen_node() {
     let cluster = Cluster::start(Kind::Inproc, 3, Durability::Memory, 13).await;
     let leader = cluster.leader().await;
-    let target = (1..=3).find(|id| *id != leader).unwrap();
+    let target = cluster.follower_of(leader);
     cluster.propose(b"before".to_vec(), T).await.unwrap();
     cluster.node(leader).transfer_leader(target).await.unwrap();
     let deadline = tokio::time::Instant::now() + T;
@@ -508,7 +508,7 @@ async fn a_pipelining_clients_records_keep_their_send_order() {
     use tokio::sync::watch;
     let cluster = Cluster::start(Kind::Inproc, 3, Durability::Memory, 16).await;
     let leader = cluster.leader().await;
-    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let follower = cluster.follower_of(leader);
     let sent: Vec<Vec<Vec<u8>>> = (0..APPENDS)
         .map(|a| {
             (0..RECORDS)

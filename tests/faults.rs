@@ -51,6 +51,14 @@ async fn write_n(c: &Cluster, prefix: &str, n: u32, history: &History) -> u64 {
     last
 }
 
+/// [`write_n`], then waits until every running node applied the last one;
+/// returns its index.
+async fn write_n_applied(c: &Cluster, prefix: &str, n: u32, history: &History) -> u64 {
+    let last = write_n(c, prefix, n, history).await;
+    c.wait_applied(last, T).await;
+    last
+}
+
 async fn leader_crash_fails_over(kind: Kind) {
     let mut c = Cluster::start(kind, 3, Durability::Memory, 2).await;
     let history = History::new();
@@ -84,8 +92,7 @@ async fn every_node_restarted_recovers_from_ring_and_snapshot() {
         })
         .await;
         let history = History::new();
-        let last = write_n(&c, "x", 150, &history).await;
-        c.wait_applied(last, T).await;
+        write_n_applied(&c, "x", 150, &history).await;
         for id in c.running() {
             c.stop(id).await;
         }
@@ -103,8 +110,7 @@ async fn every_node_restarted_recovers_from_ring_and_snapshot() {
             c.boot(id).await.unwrap();
         }
         c.leader().await;
-        let last = write_n(&c, "y", 10, &history).await;
-        c.wait_applied(last, T).await;
+        write_n_applied(&c, "y", 10, &history).await;
         assert_nothing_lost(&c, &history);
     }
 }
@@ -113,17 +119,15 @@ async fn every_node_restarted_recovers_from_ring_and_snapshot() {
 async fn a_follower_with_a_damaged_ring_recovers_and_never_applies_a_corrupt_entry() {
     let mut c = Cluster::start(Kind::Inproc, 3, Durability::Memory, 4).await;
     let history = History::new();
-    let last = write_n(&c, "a", 40, &history).await;
-    c.wait_applied(last, T).await;
+    let last = write_n_applied(&c, "a", 40, &history).await;
     let leader = c.leader().await;
-    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let follower = c.follower_of(leader);
     c.stop(follower).await;
 
     // Truncate: lose the log's tail (zeroes).
     damage::zero_from(&c, follower, last - 5);
     c.boot(follower).await.unwrap();
-    let last = write_n(&c, "b", 10, &history).await;
-    c.wait_applied(last, T).await;
+    let last = write_n_applied(&c, "b", 10, &history).await;
     assert_nothing_lost(&c, &history);
 
     // Flip one bit of an entry's payload.
@@ -132,8 +136,7 @@ async fn a_follower_with_a_damaged_ring_recovers_and_never_applies_a_corrupt_ent
     let report = ringraft_wal::check(&c.data_dir(follower)).unwrap();
     assert!(report.stop.is_some(), "the checker sees the break");
     c.boot(follower).await.unwrap();
-    let last = write_n(&c, "c", 10, &history).await;
-    c.wait_applied(last, T).await;
+    write_n_applied(&c, "c", 10, &history).await;
     // The recorder asserts order on every apply; the logs are identical, so
     // the flipped entry was never applied (its bytes differ).
     assert_nothing_lost(&c, &history);
@@ -150,10 +153,9 @@ async fn a_follower_whose_ring_a_reboot_cleared_catches_up() {
     for durability in [Durability::Memory, Durability::Fsync] {
         let mut c = Cluster::start(Kind::Inproc, 3, durability, 11).await;
         let history = History::new();
-        let last = write_n(&c, "a", 40, &history).await;
-        c.wait_applied(last, T).await;
+        let last = write_n_applied(&c, "a", 40, &history).await;
         let leader = c.leader().await;
-        let follower = (1..=3).find(|id| *id != leader).unwrap();
+        let follower = c.follower_of(leader);
         c.stop(follower).await;
         let vote = ringraft_wal::Meta::read(&c.data_dir(follower).join("meta"))
             .unwrap()
@@ -170,8 +172,7 @@ async fn a_follower_whose_ring_a_reboot_cleared_catches_up() {
         // flushed them in either durability).
         assert_eq!(recovery.last.map(|l| l.index), Some(last), "{recovery:?}");
         assert!(recovery.fence.term() >= vote.term, "{recovery:?} {vote:?}");
-        let last = write_n(&c, "b", 10, &history).await;
-        c.wait_applied(last, T).await;
+        let last = write_n_applied(&c, "b", 10, &history).await;
         assert_nothing_lost(&c, &history);
         assert_eq!(
             c.node(follower)
@@ -244,8 +245,7 @@ async fn a_node_corrupt_inside_grants_no_vote_and_the_lossy_election_does_not_ha
     c.boot(a).await.unwrap();
     let leader = c.leader().await;
     assert_ne!(leader, b, "the corrupt node must not lead");
-    let last = write_n(&c, "late", 5, &history).await;
-    c.wait_applied(last, T).await;
+    write_n_applied(&c, "late", 5, &history).await;
     assert_nothing_lost(&c, &history);
     assert!(
         !c.node(b).log_store().votes_blocked(),
@@ -411,7 +411,7 @@ async fn a_follower_that_lagged_past_its_ring_gets_a_snapshot() {
     let history = History::new();
     write_n(&c, "warm", 5, &history).await;
     let leader = c.leader().await;
-    let lagging = (1..=3).find(|id| *id != leader).unwrap();
+    let lagging = c.follower_of(leader);
     c.stop(lagging).await;
     // Far more than one ring's worth: 1500 entries of 2 KiB (3 MiB of
     // records through a 1 MiB ring), so the leader purged past it.
@@ -513,7 +513,7 @@ async fn writers_at_full_speed_through_a_small_ring_with_a_follower_down_never_s
     let history = History::new();
     write_n(&c, "warm", 5, &history).await;
     let leader = c.leader().await;
-    let down = (1..=3).find(|id| *id != leader).unwrap();
+    let down = c.follower_of(leader);
     c.stop(down).await;
     let tail_before = c.node(leader).log_store().with_wal(|w| w.ring().tail_lsn());
 
@@ -743,16 +743,14 @@ async fn a_restarted_leader_that_lost_its_tail_does_not_reuse_its_term() {
     })
     .await;
     let history = History::new();
-    let last = write_n(&c, "before", 20, &history).await;
-    c.wait_applied(last, T).await;
+    let last = write_n_applied(&c, "before", 20, &history).await;
     let leader = c.leader().await;
     let term = c.node(leader).status().term;
     c.stop(leader).await;
     // Lose the leader's last three entries (zeroes from there on).
     damage::zero_from(&c, leader, last - 2);
     c.boot(leader).await.unwrap();
-    let last = write_n(&c, "after", 10, &history).await;
-    c.wait_applied(last, T).await;
+    write_n_applied(&c, "after", 10, &history).await;
     assert_nothing_lost(&c, &history);
     assert!(
         c.node(c.leader().await).status().term > term,

@@ -137,6 +137,14 @@ impl Link {
         self.call(&Request::Grant { epoch }).await
     }
 
+    /// Leads `epoch` on a node 2 no one fenced yet: CASes its fence from
+    /// zero to `epoch` (it must have been zero) and asks for the grant;
+    /// the data area and the tail granted.
+    async fn fence_and_grant(&self, epoch: Epoch) -> (RemoteRegion, Tail) {
+        assert!(self.cas_fence(Epoch(0), epoch).await);
+        granted(self.grant(epoch).await)
+    }
+
     /// WRITEs `entries` as records at `tail` and posts the AppendEntries
     /// that names them (its answer is taken later).
     async fn append_written(
@@ -278,8 +286,7 @@ async fn a_deposed_leader_is_not_granted_again_after_the_term_advanced() {
     let old = Scripted::new(&fabric, 1);
     let link = old.connect().await;
     // Node 1 leads term 1: it fences node 2 and is granted write access.
-    assert!(link.cas_fence(Epoch(0), old.epoch(1)).await);
-    let (data, tail) = granted(link.grant(old.epoch(1)).await);
+    let (data, tail) = link.fence_and_grant(old.epoch(1)).await;
 
     // Node 2 votes for node 3 in term 2 (its term advances: the rkey is
     // rotated); the fence still holds node 1's epoch.
@@ -446,8 +453,7 @@ async fn a_refused_request_never_erases_a_batch_another_connection_prepared() {
     let node = start_node(&fabric, dir.path(), hooks.clone()).await;
     let leader = Scripted::new(&fabric, 1);
     let a = leader.connect().await;
-    assert!(a.cas_fence(Epoch(0), leader.epoch(1)).await);
-    let (data, tail) = granted(a.grant(leader.epoch(1)).await);
+    let (data, tail) = a.fence_and_grant(leader.epoch(1)).await;
 
     // Connection A's batch is checked in place; node 2 is held there.
     let held = hooks.arm(HookPoint::AdoptionPrepared);
@@ -504,8 +510,7 @@ async fn a_fence_change_between_prepare_and_commit_is_not_fatal() {
     let node = start_node(&fabric, dir.path(), hooks.clone()).await;
     let one = Scripted::new(&fabric, 1);
     let a = one.connect().await;
-    assert!(a.cas_fence(Epoch(0), one.epoch(1)).await);
-    let (data, tail) = granted(a.grant(one.epoch(1)).await);
+    let (data, tail) = a.fence_and_grant(one.epoch(1)).await;
 
     let held = hooks.arm(HookPoint::AdoptionPrepared);
     a.append_written(

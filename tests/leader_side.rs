@@ -10,7 +10,7 @@ use futures::StreamExt;
 use openraft::network::{RPCOption, RaftNetworkV2};
 use openraft::raft::{AppendEntriesResponse, TransferLeaderRequest};
 use ringraft::protocol::{AppendBody, Hello, Join, Reply, Request, decode, encode};
-use ringraft::types::log_id;
+use ringraft::types::{LogId, log_id};
 use ringraft_transport::{Received, RemoteRegion};
 use ringraft_wal::Epoch;
 use ringraft_wal::record::RecordHeader;
@@ -53,9 +53,12 @@ async fn grant_the_leader(
     .await;
 }
 
-/// Batch 2 comes one-sided on the same connection at the tail the answer to
-/// batch 1 gave; the end of what it wrote.
-async fn batch_2_one_sided(conn: &ringraft_transport::Connection) -> u64 {
+/// The next request on `conn`, which must be an append of `batch` whose
+/// records came one-sided; its (from_lsn, to_lsn, count, last).
+async fn next_one_sided(
+    conn: &ringraft_transport::Connection,
+    batch: &str,
+) -> (u64, u64, u64, LogId) {
     match next_request(conn).await {
         Ok(Request::Append {
             body:
@@ -66,34 +69,33 @@ async fn batch_2_one_sided(conn: &ringraft_transport::Connection) -> u64 {
                     last,
                 },
             ..
-        }) => {
-            assert_eq!(
-                (from_lsn, count, last),
-                (1024, 2, log_id(TERM, 7)),
-                "batch 2 goes one-sided at the tail the answer gave"
-            );
-            to_lsn
-        }
-        other => panic!("batch 2 did not come one-sided on the same connection: {other:?}"),
+        }) => (from_lsn, to_lsn, count, last),
+        other => panic!("{batch} did not come one-sided on the same connection: {other:?}"),
     }
+}
+
+/// Batch 2 comes one-sided on the same connection at the tail the answer to
+/// batch 1 gave; the end of what it wrote.
+async fn batch_2_one_sided(conn: &ringraft_transport::Connection) -> u64 {
+    let (from_lsn, to_lsn, count, last) = next_one_sided(conn, "batch 2").await;
+    assert_eq!(
+        (from_lsn, count, last),
+        (1024, 2, log_id(TERM, 7)),
+        "batch 2 goes one-sided at the tail the answer gave"
+    );
+    to_lsn
 }
 
 /// Batch 3 is pipelined right behind batch 2 (which ended at `second_end`);
 /// the end of what it wrote.
 async fn batch_3_pipelined(conn: &ringraft_transport::Connection, second_end: u64) -> u64 {
-    match next_request(conn).await {
-        Ok(Request::Append {
-            body:
-                AppendBody::Written {
-                    from_lsn,
-                    to_lsn,
-                    count: 1,
-                    last,
-                },
-            ..
-        }) if from_lsn == second_end && last == log_id(TERM, 8) => to_lsn,
-        other => panic!("batch 3 was not pipelined behind batch 2: {other:?}"),
-    }
+    let (from_lsn, to_lsn, count, last) = next_one_sided(conn, "batch 3").await;
+    assert_eq!(
+        (from_lsn, count, last),
+        (second_end, 1, log_id(TERM, 8)),
+        "batch 3 was not pipelined behind batch 2"
+    );
+    to_lsn
 }
 
 /// The leader's stream ends and answered the three batches in order.
@@ -430,7 +432,7 @@ async fn a_node_whose_log_is_corrupt_inside_refuses_a_leadership_transfer() {
     }
     c.wait_applied(last, T).await;
     let leader = c.leader().await;
-    let b = (1..=3).find(|id| *id != leader).unwrap();
+    let b = c.follower_of(leader);
     for id in 1..=3 {
         c.stop(id).await;
     }

@@ -104,7 +104,7 @@ async fn a_trim_is_replicated_and_reads_below_it_fail_naming_the_first_index() {
     }
 
     // A trim through a follower (forwarded), and one that would go back.
-    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let follower = c.follower_of(leader);
     let keep = indexes[20];
     assert_eq!(c.node(follower).trim(keep).await.unwrap(), keep);
     assert_eq!(c.node(leader).trim(keep - 5).await.unwrap(), keep);
@@ -150,7 +150,7 @@ async fn a_trim_is_replicated_and_reads_below_it_fail_naming_the_first_index() {
 async fn a_follower_behind_a_trim_catches_up_by_snapshot_and_knows_where_its_log_starts() {
     let mut c = Cluster::start_with(Kind::Inproc, 3, Durability::Memory, 12, log_is_data).await;
     let leader = c.leader().await;
-    let down = (1..=3).find(|id| *id != leader).unwrap();
+    let down = c.follower_of(leader);
     for k in 0..10u32 {
         c.propose(format!("early {k}").into_bytes(), T)
             .await
@@ -207,7 +207,7 @@ async fn a_follower_briefly_behind_a_trim_catches_up_from_the_segments_and_holds
 {
     let mut c = Cluster::start_with(Kind::Inproc, 3, Durability::Memory, 14, log_is_data).await;
     let leader = c.leader().await;
-    let down = (1..=3).find(|id| *id != leader).unwrap();
+    let down = c.follower_of(leader);
     let mut last = c.propose(b"before".to_vec(), T).await.unwrap().0;
     c.wait_applied(last, T).await;
     c.stop(down).await;

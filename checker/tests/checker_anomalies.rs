@@ -423,46 +423,54 @@ fn structure_error(events: Vec<Event>) -> Vec<String> {
 
 #[test]
 fn structural_problems_are_history_errors() {
-    let p = structure_error(vec![Event::append_completion(
-        5,
-        0,
-        EventType::Ok,
-        "a",
-        Some(1),
-    )]);
-    assert!(p[0].contains("without an outstanding invocation"), "{p:?}");
-
-    let p = structure_error(vec![
-        Event::append_invoke(1, 0, "a"),
-        Event::append_invoke(2, 0, "b"),
-    ]);
-    assert!(p[0].contains("second outstanding operation"), "{p:?}");
-
-    let p = structure_error(vec![
-        Event::append_invoke(1, 0, "a"),
-        Event::append_completion(2, 0, EventType::Info, "a", None),
-        Event::append_invoke(3, 0, "b"),
-    ]);
-    assert!(p[0].contains("after an info completion"), "{p:?}");
-
-    let p = structure_error(vec![
-        Event::append_invoke(1, 0, "a"),
-        Event::append_completion(2, 0, EventType::Ok, "b", Some(1)),
-    ]);
-    assert!(p[0].contains("does not match its invocation"), "{p:?}");
-
-    let p = structure_error(vec![
-        Event::append_invoke(1, 0, "a"),
-        Event::append_completion(2, 0, EventType::Fail, "a", None),
-        Event::append_invoke(3, 1, "a"),
-    ]);
-    assert!(p[0].contains("must be unique"), "{p:?}");
-
-    let p = structure_error(vec![
-        Event::read_invoke(5, 0, 1, None, C::Stale),
-        Event::read_completion(4, 0, EventType::Fail, 1, None, C::Stale, None),
-    ]);
-    assert!(p[0].contains("before its invocation"), "{p:?}");
+    // Each history, and what its first problem says.
+    let cases = [
+        (
+            vec![Event::append_completion(5, 0, EventType::Ok, "a", Some(1))],
+            "without an outstanding invocation",
+        ),
+        (
+            vec![
+                Event::append_invoke(1, 0, "a"),
+                Event::append_invoke(2, 0, "b"),
+            ],
+            "second outstanding operation",
+        ),
+        (
+            vec![
+                Event::append_invoke(1, 0, "a"),
+                Event::append_completion(2, 0, EventType::Info, "a", None),
+                Event::append_invoke(3, 0, "b"),
+            ],
+            "after an info completion",
+        ),
+        (
+            vec![
+                Event::append_invoke(1, 0, "a"),
+                Event::append_completion(2, 0, EventType::Ok, "b", Some(1)),
+            ],
+            "does not match its invocation",
+        ),
+        (
+            vec![
+                Event::append_invoke(1, 0, "a"),
+                Event::append_completion(2, 0, EventType::Fail, "a", None),
+                Event::append_invoke(3, 1, "a"),
+            ],
+            "must be unique",
+        ),
+        (
+            vec![
+                Event::read_invoke(5, 0, 1, None, C::Stale),
+                Event::read_completion(4, 0, EventType::Fail, 1, None, C::Stale, None),
+            ],
+            "before its invocation",
+        ),
+    ];
+    for (events, expected) in cases {
+        let p = structure_error(events);
+        assert!(p[0].contains(expected), "expected {expected:?}: {p:?}");
+    }
 
     // Many problems are capped, not unbounded.
     let many: Vec<Event> = (0..100)

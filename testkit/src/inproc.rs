@@ -301,6 +301,16 @@ impl Cluster {
             .collect()
     }
 
+    /// The member of the lowest id other than `leader`, running or not: a
+    /// follower to stop, damage, partition or hand leadership to.
+    pub fn follower_of(&self, leader: u64) -> u64 {
+        self.members
+            .keys()
+            .copied()
+            .find(|id| *id != leader)
+            .expect("a cluster of one node has no follower")
+    }
+
     /// Waits until the running nodes among `among` agree on a leader that is
     /// one of them, and returns it.
     pub async fn leader_among(&self, among: &[u64], timeout: Duration) -> u64 {

@@ -62,6 +62,9 @@ use memmap2::{MmapMut, MmapOptions};
 use ringraft_wal::record::record_len;
 use ringraft_wal::{EntryRef, Epoch, LogPos, RingConfig, Wal};
 
+#[path = "../src/test_noise.rs"]
+mod noise;
+
 /// Data area of the ring, and size of each baseline file.
 const CAPACITY: u64 = 256 << 20;
 /// Payload sizes measured.
@@ -99,15 +102,7 @@ fn bench_parent() -> PathBuf {
 /// `batch * size` distinct payload bytes (a non-trivial pattern), so that a
 /// batch of large records does not copy from one cache-resident buffer.
 fn payload_source(size: usize, batch: usize) -> Vec<u8> {
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    (0..size * batch)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
+    noise::noise(0x9E37_79B9_7F4A_7C15, size * batch)
 }
 
 /// The ring under test: one data directory, fenced once, shared by all the

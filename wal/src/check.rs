@@ -31,6 +31,7 @@ use crate::layout::{
 };
 use crate::meta::{META_FILE, Meta};
 use crate::recovery::{Damage, Evidence, ScanInput, Stop, scan};
+use crate::ring::ring_file_len;
 use crate::segment::SEGMENT_DIR;
 use crate::segment_log::{SegmentRecovery, check_segments};
 use crate::validate::{Geometry, LogPos};
@@ -396,19 +397,7 @@ fn map_ring(
         source,
     })?;
     meta.check_identity(meta_path, header.cluster_id, header.node_id)?;
-    let total = CONTROL_BLOCK_BYTES as u64 + header.capacity;
-    let size = file
-        .metadata()
-        .map_err(WalError::io("stat", ring_path))?
-        .len();
-    if size != total {
-        return Err(WalError::Inconsistent {
-            path: ring_path.to_path_buf(),
-            what: format!("file is {size} bytes, its header says {total}"),
-        });
-    }
-    let len = usize::try_from(total)
-        .map_err(|_| WalError::Config(format!("ring of {total} bytes does not fit in memory")))?;
+    let len = ring_file_len(file, ring_path, header.capacity)?;
     // SAFETY: a read-only mapping of a file that the checker does not change;
     // the caller checks a directory no running node owns (offline).
     let map = unsafe { MmapOptions::new().len(len).map(file) }

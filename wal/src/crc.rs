@@ -109,23 +109,11 @@ impl PrefixCrcs {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Deterministic bytes (xorshift), so that a failure replays.
-    fn bytes(seed: u64, len: usize) -> Vec<u8> {
-        let mut state = seed | 1;
-        (0..len)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state as u8
-            })
-            .collect()
-    }
+    use crate::test_noise::noise;
 
     #[test]
     fn shift_combines_like_concatenation() {
-        let data = bytes(7, 5000);
+        let data = noise(7, 5000);
         for split in [0, 1, 63, 64, 65, 1000, 4999, 5000] {
             let (a, b) = data.split_at(split);
             assert_eq!(
@@ -154,7 +142,7 @@ mod tests {
 
     #[test]
     fn ranges_from_prefixes_match_direct_checksums() {
-        let buf = bytes(11, 64 * 40);
+        let buf = noise(11, 64 * 40);
         let prefixes = PrefixCrcs::new(&buf);
         for start in (0..buf.len()).step_by(64) {
             for end in [

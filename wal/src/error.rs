@@ -5,7 +5,7 @@
 //! panics. A broken invariant of our own (an index map out of step with the
 //! ring, say) is a bug and is asserted instead.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::layout::Epoch;
 use crate::record::EncodeError;
@@ -370,6 +370,24 @@ impl WalError {
     /// True when waiting (for a purge) and retrying can succeed.
     pub fn is_retryable(&self) -> bool {
         matches!(self, WalError::RingFull { .. } | WalError::DiskFull { .. })
+    }
+
+    /// Fails with [`WalError::Foreign`] for the first of `fields` (its name,
+    /// the value this node expects, the value found in the file at `path`)
+    /// whose two values differ: the file belongs to another cluster or node,
+    /// or has another shape.
+    pub(crate) fn check_owner(path: &Path, fields: &[(&'static str, u64, u64)]) -> Result<()> {
+        for &(field, expected, found) in fields {
+            if expected != found {
+                return Err(WalError::Foreign {
+                    path: path.to_path_buf(),
+                    field,
+                    expected,
+                    found,
+                });
+            }
+        }
+        Ok(())
     }
 }
 

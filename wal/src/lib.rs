@@ -73,6 +73,8 @@ pub mod shm;
 pub mod store;
 #[cfg(test)]
 mod test_area;
+#[cfg(test)]
+mod test_noise;
 pub mod validate;
 
 pub use check::{CheckReport, check};

@@ -270,20 +270,13 @@ impl Meta {
 
     /// Fails with [`WalError::Foreign`] unless the ids are these.
     pub fn check_identity(&self, path: &Path, cluster_id: u64, node_id: u64) -> Result<()> {
-        for (field, expected, found) in [
-            ("cluster id", cluster_id, self.cluster_id),
-            ("node id", node_id, self.node_id),
-        ] {
-            if expected != found {
-                return Err(WalError::Foreign {
-                    path: path.to_path_buf(),
-                    field,
-                    expected,
-                    found,
-                });
-            }
-        }
-        Ok(())
+        WalError::check_owner(
+            path,
+            &[
+                ("cluster id", cluster_id, self.cluster_id),
+                ("node id", node_id, self.node_id),
+            ],
+        )
     }
 
     /// Replaces the file at `path` atomically with this record: write a

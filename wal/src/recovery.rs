@@ -358,8 +358,8 @@ fn well_formed_beyond(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{EntryRef, RecordEncoder, RecordHeader};
-    use crate::test_area::{Area, CAP, epoch};
+    use crate::record::{RecordEncoder, RecordHeader};
+    use crate::test_area::{Area, CAP, entry, epoch};
 
     const GEO: Geometry = Geometry {
         capacity: CAP,
@@ -393,15 +393,8 @@ mod tests {
         let mut enc = RecordEncoder::new(CAP, lsn, tip, e).unwrap();
         for i in 0..n {
             let payload = vec![i as u8; (i * 37 % 300) as usize];
-            enc.push(
-                area,
-                &EntryRef {
-                    term,
-                    index: tip.next_index + i,
-                    payload: &payload,
-                },
-            )
-            .unwrap();
+            enc.push(area, &entry(term, tip.next_index + i, &payload))
+                .unwrap();
         }
         enc
     }
@@ -591,15 +584,7 @@ mod tests {
         // 64-byte records (empty payloads) fill the whole area exactly.
         let mut enc = RecordEncoder::new(CAP, 0, ChainTip::default(), e).unwrap();
         for i in 0..CAP / 64 {
-            enc.push(
-                &mut area,
-                &EntryRef {
-                    term: 1,
-                    index: i,
-                    payload: &[],
-                },
-            )
-            .unwrap();
+            enc.push(&mut area, &entry(1, i, &[])).unwrap();
         }
         let r = scan(&area.0, input(0, None, e, None));
         assert_eq!(r.entries.len() as u64, CAP / 64);
@@ -661,15 +646,7 @@ mod tests {
             ..base.tip()
         };
         let mut enc = RecordEncoder::new(CAP, middle, tip, e).unwrap();
-        enc.push(
-            &mut area,
-            &EntryRef {
-                term: 1,
-                index: 12,
-                payload: &[7; 1001],
-            },
-        )
-        .unwrap();
+        enc.push(&mut area, &entry(1, 12, &[7; 1001])).unwrap();
         let report = scan(&area.0, scan_input);
         assert_eq!(
             report.damage,

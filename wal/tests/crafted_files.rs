@@ -56,14 +56,6 @@ fn with_purge_point(dir: &Path, term: u64, index: u64, next_lsn: u64) {
     );
 }
 
-fn ring_file(dir: &Path) -> std::fs::File {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(ring_path(dir))
-        .unwrap()
-}
-
 /// Writes a sealed record header (and `payload`) at logical `lsn`.
 fn put_record(dir: &Path, mut header: RecordHeader, payload: &[u8]) {
     let sealed = header.seal(payload);
@@ -138,6 +130,21 @@ fn an_incarnation_that_cannot_be_bumped_is_refused() {
     assert_refused(open_with(dir.path(), &config(1)), "incarnation");
 }
 
+/// The record of the two tests below: an entry of index `u64::MAX` under
+/// `e` at lsn 0, with a 3-byte payload (`b"abc"`).
+fn entry_of_index_u64_max(e: Epoch) -> RecordHeader {
+    RecordHeader {
+        kind: RecordKind::Entry,
+        payload_len: 3,
+        lsn: 0,
+        term: 1,
+        index: u64::MAX,
+        prev_term: 0,
+        epoch: e,
+        crc: 0,
+    }
+}
+
 /// Issue 10, item 6: a record with index `u64::MAX` (valid CRC, first
 /// record of a log that was never purged, which may start at any index)
 /// overflowed `ChainTip::advance` (in release: `first_index` u64::MAX and
@@ -147,20 +154,7 @@ fn a_record_with_index_u64_max_ends_the_recovered_log() {
     let dir = fresh_dir();
     let e = epoch(1, 1);
     set_fence(dir.path(), e);
-    put_record(
-        dir.path(),
-        RecordHeader {
-            kind: RecordKind::Entry,
-            payload_len: 3,
-            lsn: 0,
-            term: 1,
-            index: u64::MAX,
-            prev_term: 0,
-            epoch: e,
-            crc: 0,
-        },
-        b"abc",
-    );
+    put_record(dir.path(), entry_of_index_u64_max(e), b"abc");
     let report = check(dir.path()).unwrap();
     assert_eq!(report.entries, 0, "{report}");
     assert_eq!(report.stop.map(|s| s.lsn), Some(0));
@@ -178,18 +172,7 @@ fn a_record_with_index_u64_max_ends_the_recovered_log() {
 fn adoption_rejects_a_record_with_index_u64_max() {
     let dir = tempdir();
     let mut wal = open(dir.path());
-    let e = epoch(1, 1);
-    let header = RecordHeader {
-        kind: RecordKind::Entry,
-        payload_len: 3,
-        lsn: 0,
-        term: 1,
-        index: u64::MAX,
-        prev_term: 0,
-        epoch: e,
-        crc: 0,
-    };
-    let result = adopt_one(&mut wal, header, b"abc");
+    let result = adopt_one(&mut wal, entry_of_index_u64_max(epoch(1, 1)), b"abc");
     assert!(
         matches!(
             result,

@@ -3,14 +3,13 @@
 
 mod common;
 
-use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use common::*;
 use proptest::prelude::*;
 use ringraft_wal::layout::CONTROL_BLOCK_BYTES;
-use ringraft_wal::{AdoptRequest, EntryRef, Epoch, LogPos, Wal};
+use ringraft_wal::{EntryRef, Epoch, LogPos, Wal};
 
 /// The model: what the log must hold.
 #[derive(Clone, Debug, Default)]
@@ -167,16 +166,7 @@ impl World {
                 let batch = self.batch(sizes);
                 let ring = self.wal().ring();
                 let buf = remote_write(ring, ring.tail_lsn(), ring.tip(), self.epoch(), &batch);
-                let last = batch.last().map(|(i, t, _)| LogPos {
-                    term: *t,
-                    index: *i,
-                });
-                let request = AdoptRequest {
-                    from_lsn: buf.start_lsn(),
-                    to_lsn: buf.end_lsn(),
-                    entries: batch.len() as u64,
-                    last,
-                };
+                let request = adopt_request(&buf, &batch);
                 self.wal_mut().ring_mut().adopt(request).unwrap();
                 self.model.entries.extend(batch);
             }
@@ -301,7 +291,7 @@ proptest! {
     fn a_flipped_bit_never_yields_a_wrong_record(sizes in log_sizes(), bit in any::<u64>()) {
         let (tmp, model) = written_log(&sizes);
         let dir = tmp.path().to_path_buf();
-        let ring = OpenOptions::new().read(true).write(true).open(ring_path(&dir)).unwrap();
+        let ring = ring_file(&dir);
         let bit = bit % ((CONTROL_BLOCK_BYTES as u64 + CAP) * 8);
         let mut b = [0u8];
         ring.read_exact_at(&mut b, bit / 8).unwrap();
@@ -322,7 +312,7 @@ proptest! {
         // Lose every byte written from a point between head and tail on, as
         // if the machine died while those pages were on their way to disk.
         let from = head + cut % (tail - head).max(1);
-        let ring = OpenOptions::new().write(true).open(ring_path(&dir)).unwrap();
+        let ring = ring_file(&dir);
         let mut lsn = from;
         while lsn < tail {
             let physical = lsn % CAP;
@@ -339,7 +329,7 @@ proptest! {
         let (tmp, model) = written_log(&sizes);
         let dir = tmp.path().to_path_buf();
         let len = CONTROL_BLOCK_BYTES as u64 + CAP;
-        let ring = OpenOptions::new().write(true).open(ring_path(&dir)).unwrap();
+        let ring = ring_file(&dir);
         ring.set_len(cut % len).unwrap();
         drop(ring);
         prop_assert!(open_with(&dir, &config(1)).is_err());

@@ -43,8 +43,7 @@ fn a_new_directory_opens_empty_and_entries_survive_reopen() {
 fn appends_wrap_around_many_laps_with_purges() {
     let dir = tempdir();
     let e = epoch(1, 1);
-    let mut wal = open(dir.path());
-    take_fence(wal.ring(), e);
+    let mut wal = open_fenced(dir.path(), e);
     let len_of = |i: u64| (i * 977 % 9000) as usize;
     let mut purged_to = None;
     while wal.ring().tail_lsn() < 5 * CAP {
@@ -94,8 +93,7 @@ fn appends_wrap_around_many_laps_with_purges() {
 fn a_full_ring_is_an_error_to_wait_on_never_an_overwrite() {
     let dir = tempdir();
     let e = epoch(1, 1);
-    let mut wal = open(dir.path());
-    take_fence(wal.ring(), e);
+    let mut wal = open_fenced(dir.path(), e);
     let big = vec![7u8; MAX_RECORD as usize];
     let mut n = 0;
     let err = loop {
@@ -140,8 +138,7 @@ fn a_full_ring_is_an_error_to_wait_on_never_an_overwrite() {
 fn records_above_the_limit_are_refused() {
     let dir = tempdir();
     let e = epoch(1, 1);
-    let mut wal = open(dir.path());
-    take_fence(wal.ring(), e);
+    let mut wal = open_fenced(dir.path(), e);
     let too_big = vec![0u8; MAX_RECORD as usize + 1];
     let err = wal
         .ring_mut()
@@ -164,8 +161,7 @@ fn records_above_the_limit_are_refused() {
 fn batches_are_all_or_nothing() {
     let dir = tempdir();
     let e = epoch(2, 1);
-    let mut wal = open(dir.path());
-    take_fence(wal.ring(), e);
+    let mut wal = open_fenced(dir.path(), e);
     let err = wal
         .ring_mut()
         .append(

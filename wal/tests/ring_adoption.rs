@@ -4,25 +4,20 @@
 mod common;
 
 use common::*;
-use ringraft_wal::{AdoptError, AdoptRequest, ChainTip, EntryRef, Invalid, LogPos, WalError};
+use ringraft_wal::{
+    AdoptError, AdoptRequest, ChainTip, EntryRef, Invalid, LogPos, Wal, WalError, WriteBuffer,
+};
 
 #[test]
 fn adoption_takes_a_remote_writers_records_in_place() {
     let dir = tempdir();
     let leader = epoch(1, 2);
-    let mut wal = open(dir.path());
-    take_fence(wal.ring(), leader);
+    let mut wal = open_fenced(dir.path(), leader);
     let entries: Vec<_> = (0..20)
         .map(|i| (i, 1, payload(i, (i * 300) as usize)))
         .collect();
     let buf = remote_write(wal.ring(), 0, ChainTip::default(), leader, &entries);
-    let request = AdoptRequest {
-        from_lsn: 0,
-        to_lsn: buf.end_lsn(),
-        entries: 20,
-        last: last(1, 19),
-    };
-    let out = wal.ring_mut().adopt(request).unwrap();
+    let out = wal.ring_mut().adopt(adopt_request(&buf, &entries)).unwrap();
     assert_eq!(out.last, last(1, 19));
     assert_eq!(out.tail_lsn, buf.end_lsn());
     assert_log_eq!(contents(wal.ring()), entries);
@@ -58,25 +53,14 @@ fn adoption_rejects_a_writer_that_lost_the_fence() {
     let dir = tempdir();
     let old = epoch(1, 2);
     let new = epoch(2, 3);
-    let mut wal = open(dir.path());
-    take_fence(wal.ring(), old);
+    let mut wal = open_fenced(dir.path(), old);
     // The old leader writes, but a new leader takes the fence first.
-    let buf = remote_write(
-        wal.ring(),
-        0,
-        ChainTip::default(),
-        old,
-        &[(0, 1, b"stale".to_vec())],
-    );
+    let stale = [(0, 1, b"stale".to_vec())];
+    let buf = remote_write(wal.ring(), 0, ChainTip::default(), old, &stale);
     take_fence(wal.ring(), new);
     let err = wal
         .ring_mut()
-        .adopt(AdoptRequest {
-            from_lsn: 0,
-            to_lsn: buf.end_lsn(),
-            entries: 1,
-            last: last(1, 0),
-        })
+        .adopt(adopt_request(&buf, &stale))
         .unwrap_err();
     assert!(
         matches!(
@@ -92,21 +76,9 @@ fn adoption_rejects_a_writer_that_lost_the_fence() {
     // The follower erases the rejected scratch; the new leader's records
     // written there are adopted.
     wal.ring_mut().clear_scratch(buf.end_lsn());
-    let buf = remote_write(
-        wal.ring(),
-        0,
-        ChainTip::default(),
-        new,
-        &[(0, 2, b"fresh".to_vec())],
-    );
-    wal.ring_mut()
-        .adopt(AdoptRequest {
-            from_lsn: 0,
-            to_lsn: buf.end_lsn(),
-            entries: 1,
-            last: last(2, 0),
-        })
-        .unwrap();
+    let fresh = [(0, 2, b"fresh".to_vec())];
+    let buf = remote_write(wal.ring(), 0, ChainTip::default(), new, &fresh);
+    wal.ring_mut().adopt(adopt_request(&buf, &fresh)).unwrap();
     assert_eq!(wal.ring().read(0).unwrap().payload, b"fresh");
 }
 
@@ -114,17 +86,11 @@ fn adoption_rejects_a_writer_that_lost_the_fence() {
 fn adoption_checks_position_range_and_metadata() {
     let dir = tempdir();
     let e = epoch(1, 2);
-    let mut wal = open(dir.path());
-    take_fence(wal.ring(), e);
+    let mut wal = open_fenced(dir.path(), e);
     let entries: Vec<_> = (0..3).map(|i| (i, 1, payload(i, 10))).collect();
     let buf = remote_write(wal.ring(), 0, ChainTip::default(), e, &entries);
     let end = buf.end_lsn();
-    let good = AdoptRequest {
-        from_lsn: 0,
-        to_lsn: end,
-        entries: 3,
-        last: last(1, 2),
-    };
+    let good = adopt_request(&buf, &entries);
     let cases = [
         AdoptRequest {
             from_lsn: 64,
@@ -182,12 +148,20 @@ fn adoption_checks_position_range_and_metadata() {
     assert_log_eq!(contents(wal.ring()), entries);
 }
 
+/// Asks `wal` to adopt `entries`, written as `buf`, and returns why it
+/// rejected them; fails if it did not reject them.
+fn rejection(wal: &mut Wal, buf: &WriteBuffer, entries: &[(u64, u64, Vec<u8>)]) -> Invalid {
+    match wal.ring_mut().adopt(adopt_request(buf, entries)) {
+        Err(WalError::Adopt(AdoptError::Rejected { reason, .. })) => reason,
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
 #[test]
 fn adoption_rejects_torn_and_chain_breaking_records() {
     let dir = tempdir();
     let e = epoch(2, 2);
-    let mut wal = open(dir.path());
-    take_fence(wal.ring(), e);
+    let mut wal = open_fenced(dir.path(), e);
     append_n(wal.ring_mut(), e, 2, 3, |_| 10);
     let tail = wal.ring().tail_lsn();
     // prev_term 1 after an entry of term 2: a log-matching violation.
@@ -197,45 +171,20 @@ fn adoption_rejects_torn_and_chain_breaking_records() {
         epoch: e,
         unanchored: false,
     };
-    let buf = remote_write(wal.ring(), tail, bad_tip, e, &[(3, 2, b"x".to_vec())]);
-    let req = AdoptRequest {
-        from_lsn: tail,
-        to_lsn: buf.end_lsn(),
-        entries: 1,
-        last: last(2, 3),
-    };
-    let err = wal.ring_mut().adopt(req).unwrap_err();
-    assert!(matches!(
-        err,
-        WalError::Adopt(AdoptError::Rejected {
-            reason: Invalid::PrevTermMismatch { .. },
-            ..
-        })
-    ));
-    // A torn write: right chain, one payload byte flipped.
-    let buf = remote_write(
-        wal.ring(),
-        tail,
-        wal.ring().tip(),
-        e,
-        &[(3, 2, b"xyz".to_vec())],
+    let chain_breaking = [(3, 2, b"x".to_vec())];
+    let buf = remote_write(wal.ring(), tail, bad_tip, e, &chain_breaking);
+    let reason = rejection(&mut wal, &buf, &chain_breaking);
+    assert!(
+        matches!(reason, Invalid::PrevTermMismatch { .. }),
+        "{reason}"
     );
+    // A torn write: right chain, one payload byte flipped.
+    let torn = [(3, 2, b"xyz".to_vec())];
+    let buf = remote_write(wal.ring(), tail, wal.ring().tip(), e, &torn);
     let data = wal.ring().regions().data;
     unsafe { *data.addr.add((tail % CAP) as usize + 65) ^= 1 };
-    let req = AdoptRequest {
-        from_lsn: tail,
-        to_lsn: buf.end_lsn(),
-        entries: 1,
-        last: last(2, 3),
-    };
-    let err = wal.ring_mut().adopt(req).unwrap_err();
-    assert!(matches!(
-        err,
-        WalError::Adopt(AdoptError::Rejected {
-            reason: Invalid::CrcMismatch { .. },
-            ..
-        })
-    ));
+    let reason = rejection(&mut wal, &buf, &torn);
+    assert!(matches!(reason, Invalid::CrcMismatch { .. }), "{reason}");
     assert_eq!(wal.ring().next_index(), 3);
 }
 
@@ -243,8 +192,7 @@ fn adoption_rejects_torn_and_chain_breaking_records() {
 fn adoption_across_the_end_of_the_area() {
     let dir = tempdir();
     let e = epoch(1, 2);
-    let mut wal = open(dir.path());
-    take_fence(wal.ring(), e);
+    let mut wal = open_fenced(dir.path(), e);
     // Fill most of the first lap locally, purge it, then adopt a batch that
     // wraps.
     append_n(wal.ring_mut(), e, 1, 60, |_| 16_000);
@@ -253,14 +201,7 @@ fn adoption_across_the_end_of_the_area() {
     let entries: Vec<_> = (60..70).map(|i| (i, 1, payload(i, 9000))).collect();
     let buf = remote_write(wal.ring(), tail, wal.ring().tip(), e, &entries);
     assert_eq!(buf.segments().len(), 2, "the batch wraps");
-    wal.ring_mut()
-        .adopt(AdoptRequest {
-            from_lsn: tail,
-            to_lsn: buf.end_lsn(),
-            entries: 10,
-            last: last(1, 69),
-        })
-        .unwrap();
+    wal.ring_mut().adopt(adopt_request(&buf, &entries)).unwrap();
     assert_log_eq!(contents(wal.ring()), entries);
     drop(wal);
     assert_log_eq!(contents(open(dir.path()).ring()), entries);
@@ -270,17 +211,13 @@ fn adoption_across_the_end_of_the_area() {
 fn prepared_adoptions_are_readable_and_commit_only_if_nothing_moved() {
     let dir = tempdir();
     let e = epoch(1, 2);
-    let mut wal = open(dir.path());
-    take_fence(wal.ring(), e);
+    let mut wal = open_fenced(dir.path(), e);
     let entries: Vec<_> = (0..4).map(|i| (i, 1, payload(i, 100))).collect();
     let buf = remote_write(wal.ring(), 0, ChainTip::after(None), e, &entries);
-    let request = AdoptRequest {
-        from_lsn: 0,
-        to_lsn: buf.end_lsn(),
-        entries: 4,
-        last: last(1, 3),
-    };
-    let prepared = wal.ring().prepare_adoption(request).unwrap();
+    let prepared = wal
+        .ring()
+        .prepare_adoption(adopt_request(&buf, &entries))
+        .unwrap();
     assert_eq!(prepared.len(), 4);
     let seen: Vec<_> = wal
         .ring()

@@ -4,12 +4,23 @@
 
 mod common;
 
-use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 
 use common::*;
 use ringraft_wal::layout::CONTROL_BLOCK_BYTES;
 use ringraft_wal::{Damage, Evidence, Invalid, Meta, RingConfig, VoteRecord, WalError, check};
+
+/// Writes entries 0..20 of term 1 (200-byte payloads) into the node of
+/// data directory `dir`, acknowledges them up to `acked` and closes the
+/// node; returns where the last entry starts (its lsn).
+fn twenty_entries_acked_to(dir: &Path, acked: u64) -> u64 {
+    let e = epoch(1, 1);
+    let mut wal = open_fenced(dir, e);
+    append_n(wal.ring_mut(), e, 1, 20, |_| 200);
+    wal.ring_mut().sync_and_ack(acked).unwrap();
+    wal.ring().read(19).unwrap().lsn
+}
 
 #[test]
 fn the_vote_and_commit_survive_and_foreign_directories_are_refused() {
@@ -79,11 +90,7 @@ fn missing_or_corrupt_files_are_errors_not_defaults() {
     ));
     std::fs::write(&meta, &saved).unwrap();
     // A corrupt ring header.
-    let ring = OpenOptions::new()
-        .write(true)
-        .open(ring_path(dir.path()))
-        .unwrap();
-    ring.write_all_at(&[0xFF], 30).unwrap();
+    ring_file(dir.path()).write_all_at(&[0xFF], 30).unwrap();
     assert!(matches!(
         open_with(dir.path(), &config(1)),
         Err(WalError::Layout { .. })
@@ -91,11 +98,9 @@ fn missing_or_corrupt_files_are_errors_not_defaults() {
     // A ring file of the wrong size.
     let dir2 = tempdir();
     drop(open(dir2.path()));
-    let ring = OpenOptions::new()
-        .write(true)
-        .open(ring_path(dir2.path()))
+    ring_file(dir2.path())
+        .set_len(CONTROL_BLOCK_BYTES as u64 + CAP / 2)
         .unwrap();
-    ring.set_len(CONTROL_BLOCK_BYTES as u64 + CAP / 2).unwrap();
     assert!(matches!(
         open_with(dir2.path(), &config(1)),
         Err(WalError::Inconsistent { .. })
@@ -144,25 +149,13 @@ fn bad_configurations_are_refused() {
 #[test]
 fn corruption_below_the_watermark_is_reported_and_checked() {
     let dir = tempdir();
-    let e = epoch(1, 1);
-    let lsn;
-    {
-        let mut wal = open(dir.path());
-        take_fence(wal.ring(), e);
-        append_n(wal.ring_mut(), e, 1, 20, |_| 200);
-        wal.ring_mut().sync_and_ack(19).unwrap();
-        lsn = wal.ring().read(19).unwrap().lsn;
-    }
+    let lsn = twenty_entries_acked_to(dir.path(), 19);
     let clean = check(dir.path()).unwrap();
     assert_eq!(clean.entries, 20);
     assert!(!clean.corrupt_in_acknowledged_range());
     assert!(format!("{clean}").contains("index 0..=19"));
     // Flip a payload bit of the last (acknowledged) entry.
-    let ring = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(ring_path(dir.path()))
-        .unwrap();
+    let ring = ring_file(dir.path());
     let at = CONTROL_BLOCK_BYTES as u64 + lsn + 100;
     let mut b = [0u8];
     ring.read_exact_at(&mut b, at).unwrap();
@@ -195,20 +188,9 @@ fn corruption_below_the_watermark_is_reported_and_checked() {
 #[test]
 fn an_unacknowledged_torn_tail_is_not_corruption() {
     let dir = tempdir();
-    let e = epoch(1, 1);
-    let lsn;
-    {
-        let mut wal = open(dir.path());
-        take_fence(wal.ring(), e);
-        append_n(wal.ring_mut(), e, 1, 20, |_| 200);
-        wal.ring_mut().sync_and_ack(18).unwrap();
-        lsn = wal.ring().read(19).unwrap().lsn;
-    }
-    let ring = OpenOptions::new()
-        .write(true)
-        .open(ring_path(dir.path()))
-        .unwrap();
-    ring.write_all_at(&[0u8; 100], CONTROL_BLOCK_BYTES as u64 + lsn + 150)
+    let lsn = twenty_entries_acked_to(dir.path(), 18);
+    ring_file(dir.path())
+        .write_all_at(&[0u8; 100], CONTROL_BLOCK_BYTES as u64 + lsn + 150)
         .unwrap();
     let report = check(dir.path()).unwrap();
     assert_eq!(report.damage, Damage::TornTail);

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use ringraft_wal::{Damage, EntryRef, Epoch, LogPos, Meta, WalError, check};
+use ringraft_wal::{Damage, EntryRef, LogPos, Meta, WalError, check};
 
 #[test]
 fn truncated_entries_do_not_come_back_after_a_crash() {
@@ -12,8 +12,7 @@ fn truncated_entries_do_not_come_back_after_a_crash() {
     let e1 = epoch(1, 1);
     let e2 = epoch(2, 2);
     {
-        let mut wal = open(dir.path());
-        take_fence(wal.ring(), e1);
+        let mut wal = open_fenced(dir.path(), e1);
         append_n(wal.ring_mut(), e1, 1, 10, |i| i as usize * 10);
         wal.ring_mut().sync_and_ack(9).unwrap();
         wal.ring_mut().truncate_after(Some(4)).unwrap();
@@ -45,8 +44,7 @@ fn truncated_entries_do_not_come_back_after_a_crash() {
 fn truncation_below_the_purge_point_is_refused() {
     let dir = tempdir();
     let e = epoch(1, 1);
-    let mut wal = open(dir.path());
-    take_fence(wal.ring(), e);
+    let mut wal = open_fenced(dir.path(), e);
     append_n(wal.ring_mut(), e, 1, 10, |_| 1);
     wal.purge(LogPos { term: 1, index: 5 }).unwrap();
     assert!(matches!(
@@ -62,8 +60,7 @@ fn truncation_below_the_purge_point_is_refused() {
 fn purge_advances_head_and_beyond_the_log_empties_it() {
     let dir = tempdir();
     let e = epoch(1, 1);
-    let mut wal = open(dir.path());
-    take_fence(wal.ring(), e);
+    let mut wal = open_fenced(dir.path(), e);
     append_n(wal.ring_mut(), e, 1, 10, |_| 100);
     let lsn5 = wal.ring().read(5).unwrap().lsn;
     assert!(wal.purge(LogPos { term: 1, index: 4 }).unwrap());
@@ -110,8 +107,7 @@ fn a_purge_interrupted_before_head_moved_is_completed_at_open() {
     let e = epoch(1, 1);
     let lsn;
     {
-        let mut wal = open(dir.path());
-        take_fence(wal.ring(), e);
+        let mut wal = open_fenced(dir.path(), e);
         append_n(wal.ring_mut(), e, 1, 10, |_| 100);
         lsn = wal
             .ring()
@@ -138,8 +134,7 @@ fn a_log_never_purged_may_start_at_any_index() {
     let dir = tempdir();
     let e = epoch(2, 1);
     {
-        let mut wal = open(dir.path());
-        take_fence(wal.ring(), e);
+        let mut wal = open_fenced(dir.path(), e);
         assert!(wal.ring().tip().unanchored);
         let ring = wal.ring_mut();
         ring.append(
@@ -206,9 +201,8 @@ fn a_log_that_began_anywhere_can_be_anchored_right_before_its_first_entry() {
     let dir = tempdir();
     let e = epoch(3, 1);
     {
-        let mut wal = open(dir.path());
-        take_fence(wal.ring(), e);
-        append_n_from(wal.ring_mut(), e, 2, 7, 3);
+        let mut wal = open_fenced(dir.path(), e);
+        append_range(wal.ring_mut(), e, 2, 7..10, |_| 10);
         assert!(
             matches!(
                 wal.purge(LogPos { term: 1, index: 5 }),
@@ -232,19 +226,4 @@ fn a_log_that_began_anywhere_can_be_anchored_right_before_its_first_entry() {
     assert_eq!(wal.ring().first_index(), 7);
     assert_eq!(wal.ring().last_log(), last(2, 9));
     assert_eq!(wal.ring().read(7).unwrap().payload, payload(7, 10));
-}
-
-fn append_n_from(ring: &mut ringraft_wal::Ring, e: Epoch, term: u64, first: u64, n: u64) {
-    for index in first..first + n {
-        let p = payload(index, 10);
-        ring.append(
-            e,
-            &[EntryRef {
-                term,
-                index,
-                payload: &p,
-            }],
-        )
-        .unwrap();
-    }
 }

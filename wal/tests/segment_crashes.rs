@@ -21,11 +21,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use common::segments::{RING, Source, truncate_after_picked};
 use proptest::prelude::*;
 use ringraft_wal::disk::{Access, Disk, DiskFile};
 use ringraft_wal::{
-    ChainTip, Damage, EntryRef, Epoch, Evidence, LogPos, RecordEncoder, SegmentConfig, SegmentLog,
-    WalError, WriteBuffer,
+    Damage, EntryRef, Epoch, Evidence, RecordEncoder, SegmentConfig, SegmentLog, WalError,
+    WriteBuffer,
 };
 
 /// One change to a file not yet flushed.
@@ -308,14 +309,10 @@ impl DiskFile for MemFile {
     }
 }
 
-const RING: u64 = 1 << 40;
-
 fn config() -> SegmentConfig {
     SegmentConfig {
-        segment_bytes: 8192,
-        max_record_bytes: 64 << 10,
         zero_ahead_bytes: 4096,
-        ..SegmentConfig::new(0xC0FFEE, 1)
+        ..common::segments::config(8192)
     }
 }
 
@@ -344,10 +341,9 @@ fn op() -> impl Strategy<Value = Op> {
 /// The writer's side of the world: what was written, what is durable.
 struct Writer {
     log: SegmentLog<MemDisk>,
-    encoder: RecordEncoder,
+    /// Encodes the entries; holds the log's entries as written.
+    source: Source,
     term: u64,
-    /// The log's entries as written: (index, term, payload).
-    entries: Vec<(u64, u64, Vec<u8>)>,
     /// The highest index made durable and still in the log.
     durable: Option<u64>,
     first: u64,
@@ -359,33 +355,9 @@ impl Writer {
             Op::Append { term_bump, lens } => {
                 if *term_bump {
                     self.term += 1;
-                    let epoch = Epoch::new(self.term, 1).unwrap();
-                    self.encoder = RecordEncoder::new(
-                        RING,
-                        self.encoder.next_lsn(),
-                        self.encoder.tip(),
-                        epoch,
-                    )
-                    .unwrap();
                 }
-                let mut buf = WriteBuffer::new(RING, self.encoder.next_lsn()).unwrap();
-                for len in lens {
-                    let tip = self.encoder.tip();
-                    let index = if tip.unanchored { 0 } else { tip.next_index };
-                    let payload = common::payload(index, *len);
-                    self.encoder
-                        .push(
-                            &mut buf,
-                            &EntryRef {
-                                term: self.term,
-                                index,
-                                payload: &payload,
-                            },
-                        )
-                        .unwrap();
-                    self.entries.push((index, self.term, payload));
-                }
-                self.log.append(&[&buf.segments()[0].bytes]).unwrap();
+                let bytes = self.source.batch(self.term, lens);
+                self.log.append(&[&bytes]).unwrap();
             }
             Op::Sync => {
                 let durable = self.log.sync().unwrap();
@@ -393,27 +365,10 @@ impl Writer {
                 self.durable = durable.map(|d| d.index);
             }
             Op::TruncateAfter(k) => {
-                let Some(last) = self.entries.last().map(|e| e.0) else {
-                    return;
-                };
-                if last < self.first {
-                    return;
+                let picked = truncate_after_picked(&mut self.log, &mut self.source, self.first, *k);
+                if let Some(keep) = picked {
+                    self.durable = self.durable.map(|d| d.min(keep));
                 }
-                let keep = self.first + k % (last - self.first + 1);
-                let r = self.log.reader().read(keep).unwrap();
-                let lsn_after = r.lsn + 64 + r.payload.len().next_multiple_of(64) as u64;
-                self.log.truncate_after(Some(keep)).unwrap();
-                self.entries.retain(|e| e.0 <= keep);
-                let tip = ChainTip {
-                    epoch: self.encoder.tip().epoch,
-                    ..ChainTip::after(Some(LogPos {
-                        index: keep,
-                        term: r.term,
-                    }))
-                };
-                let epoch = Epoch::new(self.term, 1).unwrap();
-                self.encoder = RecordEncoder::new(RING, lsn_after, tip, epoch).unwrap();
-                self.durable = self.durable.map(|d| d.min(keep));
             }
             Op::RemoveBefore(k) => {
                 let next = self.log.next_index();
@@ -433,12 +388,10 @@ type AfterCrash = (Vec<(u64, u64, Vec<u8>)>, Option<u64>, u64);
 /// after the crash.
 fn write_until_crash(disk: &MemDisk, ops: &[Op]) -> (Writer, AfterCrash) {
     let (log, _) = SegmentLog::open(disk.clone(), &dir(), config(), None).unwrap();
-    let epoch = Epoch::new(1, 1).unwrap();
     let mut writer = Writer {
         log,
-        encoder: RecordEncoder::new(RING, 0, ChainTip::after(None), epoch).unwrap(),
+        source: Source::new(),
         term: 1,
-        entries: Vec::new(),
         durable: None,
         first: 0,
     };
@@ -447,14 +400,15 @@ fn write_until_crash(disk: &MemDisk, ops: &[Op]) -> (Writer, AfterCrash) {
         if context.is_some() {
             break;
         }
-        let (entries, durable, first) = (writer.entries.clone(), writer.durable, writer.first);
+        let (entries, durable, first) =
+            (writer.source.entries.clone(), writer.durable, writer.first);
         writer.apply(op);
         if disk.crash_taken() {
             context = Some(match op {
                 // Truncated entries may still be there, in their old
                 // version; those up to `keep` must be.
                 Op::TruncateAfter(_) => {
-                    let keep = writer.entries.last().map(|e| e.0);
+                    let keep = writer.source.entries.last().map(|e| e.0);
                     let durable = match (durable, keep) {
                         (Some(durable), Some(keep)) => Some(durable.min(keep)),
                         (durable, _) => durable,
@@ -462,11 +416,12 @@ fn write_until_crash(disk: &MemDisk, ops: &[Op]) -> (Writer, AfterCrash) {
                     (entries, durable, first)
                 }
                 Op::RemoveBefore(_) => (entries, durable, writer.first),
-                _ => (writer.entries.clone(), durable, first),
+                _ => (writer.source.entries.clone(), durable, first),
             });
         }
     }
-    let context = context.unwrap_or_else(|| (writer.entries.clone(), writer.durable, writer.first));
+    let context =
+        context.unwrap_or_else(|| (writer.source.entries.clone(), writer.durable, writer.first));
     (writer, context)
 }
 

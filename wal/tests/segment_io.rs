@@ -139,9 +139,17 @@ fn libc_enospc() -> i32 {
     28 // ENOSPC on Linux
 }
 
-fn hooked_log(dir: &Path) -> (Arc<Mutex<SegmentLog<HookDisk>>>, HookDisk, Source) {
+/// A new log in `dir` with `cfg` on a fresh [`HookDisk`], and that disk.
+fn log_on_hook_disk(dir: &Path, cfg: SegmentConfig) -> (SegmentLog<HookDisk>, HookDisk) {
     let disk = HookDisk::default();
-    let (mut log, _) = SegmentLog::open(disk.clone(), dir, config(4096), None).unwrap();
+    let (log, _) = SegmentLog::open(disk.clone(), dir, cfg, None).unwrap();
+    (log, disk)
+}
+
+/// A log of 24 entries over 4 KiB segments on a [`HookDisk`], shared with
+/// the hooks; the disk and the entries.
+fn hooked_log(dir: &Path) -> (Arc<Mutex<SegmentLog<HookDisk>>>, HookDisk, Source) {
+    let (mut log, disk) = log_on_hook_disk(dir, config(4096));
     let mut source = Source::new();
     for _ in 0..12 {
         let bytes = source.batch(1, &[900, 900]);
@@ -234,11 +242,9 @@ fn a_full_disk_refuses_appends_without_writing_and_reads_go_on() {
     log.append(&[&bytes]).unwrap();
     log.sync().unwrap();
     drop(log);
-    let (log, recovery) = open(dir.path(), 4096, None);
-    assert_eq!(recovery.damage, Damage::None);
     let mut all = source.entries.clone();
     all.extend(more.entries.clone());
-    assert_eq!(contents(&log), all);
+    reopen_clean(dir.path(), config(4096), &all);
 }
 
 /// Issue 11, item 5 (the wal's part): without preallocation a write can
@@ -247,12 +253,11 @@ fn a_full_disk_refuses_appends_without_writing_and_reads_go_on() {
 #[test]
 fn a_write_that_finds_the_disk_full_is_undone_and_appends_resume() {
     let dir = tempfile::tempdir().unwrap();
-    let disk = HookDisk::default();
     let cfg = SegmentConfig {
         preallocate: false,
         ..config(4096)
     };
-    let (mut log, _) = SegmentLog::open(disk.clone(), dir.path(), cfg, None).unwrap();
+    let (mut log, disk) = log_on_hook_disk(dir.path(), cfg);
     let mut source = Source::new();
     let first = source.batch(1, &[100, 100]);
     log.append(&[&first]).unwrap();
@@ -284,9 +289,7 @@ fn a_write_that_finds_the_disk_full_is_undone_and_appends_resume() {
     log.sync().unwrap();
     assert_eq!(contents(&log), source.entries);
     drop(log);
-    let (log, recovery) = SegmentLog::open(RealDisk, dir.path(), cfg, None).unwrap();
-    assert_eq!(recovery.damage, Damage::None);
-    assert_eq!(contents(&log), source.entries);
+    reopen_clean(dir.path(), cfg, &source.entries);
 }
 
 /// A write that passes the zeroed part of a preallocated segment carries
@@ -295,13 +298,12 @@ fn a_write_that_finds_the_disk_full_is_undone_and_appends_resume() {
 #[test]
 fn writes_carry_zeroes_ahead_to_the_next_boundary() {
     let dir = tempfile::tempdir().unwrap();
-    let disk = HookDisk::default();
     let cfg = SegmentConfig {
         segment_bytes: 64 << 10,
         zero_ahead_bytes: 16 << 10,
         ..config(4096)
     };
-    let (mut log, _) = SegmentLog::open(disk.clone(), dir.path(), cfg, None).unwrap();
+    let (mut log, disk) = log_on_hook_disk(dir.path(), cfg);
     let mut source = Source::new();
     let mut append = |lens: &[usize]| {
         let bytes = source.batch(1, lens);
@@ -326,10 +328,8 @@ fn writes_carry_zeroes_ahead_to_the_next_boundary() {
     );
     log.sync().unwrap();
     drop(log);
-    let (log, recovery) = SegmentLog::open(RealDisk, dir.path(), cfg, None).unwrap();
-    assert_eq!(recovery.damage, Damage::None);
+    let (_, recovery) = reopen_clean(dir.path(), cfg, &source.entries);
     assert_eq!(recovery.stop, None);
-    assert_eq!(contents(&log), source.entries);
 }
 
 /// One positioned write per segment an append touches; `sync` flushes each
@@ -338,8 +338,7 @@ fn writes_carry_zeroes_ahead_to_the_next_boundary() {
 #[test]
 fn an_append_writes_once_per_segment_and_sync_flushes_what_was_written() {
     let dir = tempfile::tempdir().unwrap();
-    let disk = HookDisk::default();
-    let (mut log, _) = SegmentLog::open(disk.clone(), dir.path(), config(4096), None).unwrap();
+    let (mut log, disk) = log_on_hook_disk(dir.path(), config(4096));
     let mut source = Source::new();
     let a = source.batch(1, &[1000, 1000]);
     log.append(&[&a]).unwrap();
@@ -389,8 +388,7 @@ fn an_append_writes_once_per_segment_and_sync_flushes_what_was_written() {
 #[test]
 fn a_failed_flush_stops_all_writes_and_reads_go_on() {
     let dir = tempfile::tempdir().unwrap();
-    let disk = HookDisk::default();
-    let (mut log, _) = SegmentLog::open(disk.clone(), dir.path(), config(4096), None).unwrap();
+    let (mut log, disk) = log_on_hook_disk(dir.path(), config(4096));
     let mut source = Source::new();
     let a = source.batch(1, &[100]);
     log.append(&[&a]).unwrap();

@@ -6,6 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use common::noise::noise;
 use common::segments::*;
 use ringraft_wal::disk::{Disk, RealDisk};
 use ringraft_wal::{
@@ -29,14 +30,21 @@ fn last_record_span<D: Disk>(log: &SegmentLog<D>) -> (u64, u64) {
     (start, start + len)
 }
 
+/// A log [`written`] over 4 KiB segments, then a last record of its own:
+/// one entry of term 4 with a `len`-byte payload, synced.
+fn written_with_a_last_record(dir: &Path, len: usize) -> (SegmentLog<RealDisk>, Source) {
+    let (mut log, mut source) = written(dir, 4096);
+    let bytes = source.batch(4, &[len]);
+    log.append(&[&bytes]).unwrap();
+    log.sync().unwrap();
+    (log, source)
+}
+
 #[test]
 fn a_torn_last_record_is_a_torn_tail_cut_off_at_every_byte_offset() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut log, mut source) = written(dir.path(), 4096);
-    // A last record of its own, long enough to tear anywhere.
-    let bytes = source.batch(4, &[200]);
-    log.append(&[&bytes]).unwrap();
-    log.sync().unwrap();
+    // The last record long enough to tear anywhere.
+    let (log, source) = written_with_a_last_record(dir.path(), 200);
     let (start, end) = last_record_span(&log);
     let last_file = segment_files(dir.path()).pop().unwrap();
     let name = last_file.file_name().unwrap().to_owned();
@@ -217,10 +225,7 @@ fn records_after_a_hole_in_a_segment_whose_successors_were_lost_are_corruption_i
 #[test]
 fn a_break_below_the_acknowledged_index_is_corruption_inside() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut log, mut source) = written(dir.path(), 4096);
-    let bytes = source.batch(4, &[100]);
-    log.append(&[&bytes]).unwrap();
-    log.sync().unwrap();
+    let (log, _) = written_with_a_last_record(dir.path(), 100);
     let (start, _) = last_record_span(&log);
     let last = log.last_log().unwrap().index;
     drop(log);
@@ -235,19 +240,6 @@ fn a_break_below_the_acknowledged_index_is_corruption_inside() {
             recovered_next_index: last
         })
     );
-}
-
-/// Deterministic bytes (xorshift), so that a failure replays.
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
 }
 
 #[test]

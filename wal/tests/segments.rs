@@ -60,9 +60,7 @@ fn records_larger_than_a_segment_get_a_segment_of_their_own() {
     assert_eq!(log.segment_count(), 4);
     assert_eq!(contents(&log), source.entries);
     drop(log);
-    let (log, recovery) = open(dir.path(), 4096, None);
-    assert_eq!(recovery.damage, Damage::None);
-    assert_eq!(contents(&log), source.entries);
+    reopen_clean(dir.path(), config(4096), &source.entries);
 }
 
 #[test]
@@ -80,9 +78,7 @@ fn a_log_without_preallocation_reopens_clean_too() {
     }
     log.sync().unwrap();
     drop(log);
-    let (log, recovery) = SegmentLog::open(RealDisk, dir.path(), cfg, None).unwrap();
-    assert_eq!(recovery.damage, Damage::None);
-    assert_eq!(contents(&log), source.entries);
+    reopen_clean(dir.path(), cfg, &source.entries);
 }
 
 #[test]
@@ -94,10 +90,7 @@ fn truncate_after_across_a_segment_boundary_then_append_and_reopen() {
     // second segment: the later segments go, the second is cut.
     let reader = log.reader();
     let keep = source.entries.len() as u64 / 3;
-    let lsn_after = {
-        let r = reader.read(keep).unwrap();
-        r.lsn + 64 + r.payload.len().next_multiple_of(64) as u64
-    };
+    let lsn_after = lsn_after(&log, keep);
     log.truncate_after(Some(keep)).unwrap();
     assert!(log.segment_count() < segments);
     assert_eq!(log.last_log().unwrap().index, keep);
@@ -112,11 +105,8 @@ fn truncate_after_across_a_segment_boundary_then_append_and_reopen() {
     log.sync().unwrap();
     assert_eq!(contents(&log), source.entries);
     drop(log);
-    let (log, recovery) = open(dir.path(), 4096, None);
-    assert_eq!(recovery.damage, Damage::None, "{recovery:?}");
-    assert_eq!(contents(&log), source.entries);
+    let (mut log, _) = reopen_clean(dir.path(), config(4096), &source.entries);
     // Everything: an empty log that takes any first record.
-    let mut log = log;
     log.truncate_after(None).unwrap();
     assert_eq!(log.segment_count(), 0);
     assert_eq!(log.last_log(), None);
@@ -125,10 +115,8 @@ fn truncate_after_across_a_segment_boundary_then_append_and_reopen() {
     log.append(&[&bytes]).unwrap();
     log.sync().unwrap();
     drop(log);
-    let (log, recovery) = open(dir.path(), 4096, None);
-    assert_eq!(recovery.damage, Damage::None);
+    let (_, recovery) = reopen_clean(dir.path(), config(4096), &fresh.entries);
     assert_eq!(recovery.first_index, 100);
-    assert_eq!(contents(&log), fresh.entries);
 }
 
 #[test]
@@ -253,21 +241,9 @@ mod model {
                     assert_eq!(durable, self.log().last_log());
                 }
                 Op::TruncateAfter(k) => {
-                    let Some(last) = self.source.entries.last().map(|e| e.0) else {
-                        return;
-                    };
-                    let first = self.first;
-                    if last < first {
-                        return;
-                    }
                     // Somewhere in the retained range (not below it).
-                    let keep = first + k % (last - first + 1);
-                    let lsn_after = {
-                        let r = self.log().reader().read(keep).unwrap();
-                        r.lsn + 64 + r.payload.len().next_multiple_of(64) as u64
-                    };
-                    self.log().truncate_after(Some(keep)).unwrap();
-                    self.source.truncate_after(keep, lsn_after);
+                    let log = self.log.as_mut().unwrap();
+                    truncate_after_picked(log, &mut self.source, self.first, *k);
                 }
                 Op::RemoveBefore(k) => {
                     let next = self.log().next_index();

@@ -180,8 +180,7 @@ fn a_moved_data_dir_keeps_its_ring() {
     let ring_dir = ring_dir_of(dir.path());
     let e = epoch(1, 1);
     {
-        let mut wal = open(dir.path());
-        take_fence(wal.ring(), e);
+        let mut wal = open_fenced(dir.path(), e);
         append_n(wal.ring_mut(), e, 1, 5, |_| 64);
     }
     let moved = dir.root().join("moved");
@@ -203,8 +202,7 @@ fn a_moved_data_dir_keeps_its_ring() {
 /// the ring dir is emptied. Returns the incarnation the lost ring had.
 fn reboot_after(dir: &Path, vote: VoteRecord, fence: Epoch) -> u64 {
     let incarnation = {
-        let mut wal = open(dir);
-        take_fence(wal.ring(), fence);
+        let mut wal = open_fenced(dir, fence);
         append_n(wal.ring_mut(), fence, fence.term(), 20, |_| 100);
         wal.ring_mut().sync_and_ack(19).unwrap();
         assert!(
@@ -337,8 +335,7 @@ fn a_ring_in_another_ring_dir_is_refused_until_moved() {
     let dir = tempdir();
     let e = epoch(1, 1);
     let old_ring = {
-        let mut wal = open(dir.path());
-        take_fence(wal.ring(), e);
+        let mut wal = open_fenced(dir.path(), e);
         append_n(wal.ring_mut(), e, 1, 3, |_| 10);
         wal.ring_path().to_path_buf()
     };
@@ -370,8 +367,7 @@ fn an_old_layout_ring_is_moved_into_the_ring_dir() {
     let dir = tempdir();
     let e = epoch(1, 1);
     let ring = {
-        let mut wal = open(dir.path());
-        take_fence(wal.ring(), e);
+        let mut wal = open_fenced(dir.path(), e);
         append_n(wal.ring_mut(), e, 1, 7, |i| 30 + i as usize);
         wal.ring_mut().sync_and_ack(6).unwrap();
         wal.ring_path().to_path_buf()

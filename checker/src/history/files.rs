@@ -226,11 +226,18 @@ mod tests {
     use super::*;
     use crate::history::EventType;
 
+    /// A fresh directory for the test `name`, under the system's temporary
+    /// directory and named after this process; the test removes it.
+    fn scratch_dir(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("ringraft-jepsen-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
     #[test]
     fn reader_names_the_bad_line() {
-        let dir =
-            std::env::temp_dir().join(format!("ringraft-jepsen-history-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch_dir("history");
         let path = dir.join("history.jsonl");
         std::fs::write(
             &path,
@@ -246,9 +253,7 @@ mod tests {
 
     #[test]
     fn writer_appends_flushed_lines_in_time_order() {
-        let dir =
-            std::env::temp_dir().join(format!("ringraft-jepsen-writer-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch_dir("writer");
         let path = dir.join("history.jsonl");
         let writer = HistoryWriter::create(&path, Instant::now()).unwrap();
         let t1 = writer.record(Event::append_invoke(0, 0, "a")).unwrap();
@@ -268,9 +273,7 @@ mod tests {
 
     #[test]
     fn missing_json_accepts_both_shapes() {
-        let dir =
-            std::env::temp_dir().join(format!("ringraft-jepsen-missing-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch_dir("missing");
         let path = dir.join("missing.json");
         std::fs::write(&path, r#"[{"node":3,"reason":"timeout"}]"#).unwrap();
         assert_eq!(

@@ -423,6 +423,26 @@ struct RawEvent {
     phase: Option<Phase>,
 }
 
+/// Checks that a client operation `op` (`"append"`, `"read"`) of type
+/// `kind` carries its result, `value.{field}`, exactly when it is an ok
+/// completion: an ok one must, an invocation or a fail or info completion
+/// must not.
+fn result_only_when_ok(
+    kind: EventType,
+    has_result: bool,
+    op: &str,
+    field: &str,
+) -> Result<(), String> {
+    match (kind, has_result) {
+        (EventType::Ok, false) => Err(format!("an ok {op} must carry value.{field}")),
+        (EventType::Invoke | EventType::Fail | EventType::Info, true) => Err(format!(
+            "only an ok {op} carries value.{field}, not {:?}",
+            kind.as_str()
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl TryFrom<RawEvent> for Event {
     type Error = String;
 
@@ -452,35 +472,13 @@ impl TryFrom<RawEvent> for Event {
                         if v.client.is_some() != v.seq.is_some() {
                             return Err("an append's value.client and value.seq go together".into());
                         }
-                        match (raw.kind, v.index) {
-                            (EventType::Ok, None) => {
-                                return Err("an ok append must carry value.index".into());
-                            }
-                            (EventType::Invoke | EventType::Fail | EventType::Info, Some(_)) => {
-                                return Err(format!(
-                                    "only an ok append carries value.index, not {:?}",
-                                    raw.kind.as_str()
-                                ));
-                            }
-                            _ => {}
-                        }
+                        result_only_when_ok(raw.kind, v.index.is_some(), "append", "index")?;
                         Op::Append(v)
                     }
                     "read" => {
                         let v: ReadValue = serde_json::from_value(raw.value)
                             .map_err(|e| format!("read value: {e}"))?;
-                        match (raw.kind, &v.records) {
-                            (EventType::Ok, None) => {
-                                return Err("an ok read must carry value.records".into());
-                            }
-                            (EventType::Invoke | EventType::Fail | EventType::Info, Some(_)) => {
-                                return Err(format!(
-                                    "only an ok read carries value.records, not {:?}",
-                                    raw.kind.as_str()
-                                ));
-                            }
-                            _ => {}
-                        }
+                        result_only_when_ok(raw.kind, v.records.is_some(), "read", "records")?;
                         Op::Read(v)
                     }
                     other => {
@@ -647,6 +645,33 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(ev.op, Op::Read(ReadValue { to: None, .. })));
+    }
+
+    /// An operation's result (an append's index, a read's records) comes
+    /// with its ok completion and with nothing else.
+    #[test]
+    fn only_an_ok_completion_carries_the_result() {
+        for (line, message) in [
+            (
+                r#"{"time":1,"process":0,"type":"ok","f":"append","value":{"data":"x"}}"#,
+                "an ok append must carry value.index",
+            ),
+            (
+                r#"{"time":1,"process":0,"type":"fail","f":"append","value":{"data":"x","index":1}}"#,
+                r#"only an ok append carries value.index, not "fail""#,
+            ),
+            (
+                r#"{"time":1,"process":0,"type":"ok","f":"read","value":{"from":1,"to":null,"consistency":"stale"}}"#,
+                "an ok read must carry value.records",
+            ),
+            (
+                r#"{"time":1,"process":0,"type":"info","f":"read","value":{"from":1,"to":null,"consistency":"stale","records":[]}}"#,
+                r#"only an ok read carries value.records, not "info""#,
+            ),
+        ] {
+            let err = parse(line).unwrap_err().to_string();
+            assert!(err.contains(message), "{line}: {err}");
+        }
     }
 
     #[test]

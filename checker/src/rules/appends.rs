@@ -8,7 +8,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use super::order::TotalOrder;
-use super::{Checker, describe_places};
+use super::{Checker, describe_places, sorted_distinct};
 use crate::history::Op;
 use crate::pairing::Outcome;
 use crate::verdict::{AnomalyKind, OpRef};
@@ -34,20 +34,10 @@ impl<'a> Checker<'a> {
         places: &[(u64, u64)],
         by_data: &HashMap<&'a str, usize>,
     ) {
-        let indexes: Vec<u64> = places
-            .iter()
-            .map(|&(_, i)| i)
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
+        let indexes = sorted_distinct(places.iter().map(|&(_, i)| i));
         let op = by_data.get(data).copied();
         let ops: Vec<OpRef> = op.map(|o| self.op_ref(o)).into_iter().collect();
-        let nodes: Vec<u64> = places
-            .iter()
-            .map(|&(n, _)| n)
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
+        let nodes = sorted_distinct(places.iter().map(|&(n, _)| n));
         if indexes.len() > 1 {
             let outcome = op.map_or("never invoked", |o| self.ops[o].outcome.as_str());
             self.report(

@@ -14,7 +14,7 @@ mod reads;
 mod stale_leader;
 mod terms;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::error::CheckError;
 use crate::history::{Event, FinalLogs, Op, Process};
@@ -163,6 +163,15 @@ pub(crate) fn fmt_list(items: &[u64]) -> String {
         s.push_str(&format!(", ... ({} in all)", items.len()));
     }
     s
+}
+
+/// The distinct values of `items`, in ascending order.
+pub(crate) fn sorted_distinct(items: impl IntoIterator<Item = u64>) -> Vec<u64> {
+    items
+        .into_iter()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
 }
 
 pub(crate) fn describe_places(places: &[(u64, u64)]) -> String {

@@ -14,7 +14,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use serde_json::Value;
 
-use super::{Checker, fmt_list};
+use super::{Checker, fmt_list, sorted_distinct};
 use crate::error::CheckError;
 use crate::history::{Event, FinalLogs, FinalRecord, ISOLATED_LEADER, Op, Phase};
 use crate::pairing::{MAX_STRUCTURE_PROBLEMS, Outcome};
@@ -205,8 +205,8 @@ impl Checker<'_> {
                     places.join(", ")
                 ),
                 vec![self.op_ref(i)],
-                stale.iter().map(|s| s.0).collect::<BTreeSet<_>>().into_iter().collect(),
-                stale.iter().map(|s| s.1).collect::<BTreeSet<_>>().into_iter().collect(),
+                sorted_distinct(stale.iter().map(|s| s.0)),
+                sorted_distinct(stale.iter().map(|s| s.1)),
             );
         }
     }

@@ -2,6 +2,7 @@
 //! on buffers in memory and must never touch a file or the clock.
 
 use super::*;
+use crate::test_area::{entry, tip_after};
 
 fn header() -> RecordHeader {
     RecordHeader {
@@ -106,25 +107,11 @@ impl RecordSink for Collect {
     }
 }
 
-/// The entry `index` of `term` carrying `payload`.
-fn entry(term: u64, index: u64, payload: &[u8]) -> EntryRef<'_> {
-    EntryRef {
-        term,
-        index,
-        payload,
-    }
-}
-
 #[test]
 fn encoder_chains_records_and_wraps() {
     let cap = 1u64 << 20;
     let epoch = Epoch::new(4, 2).unwrap();
-    let tip = ChainTip {
-        next_index: 10,
-        last_term: 3,
-        epoch: Epoch::ZERO,
-        unanchored: false,
-    };
+    let tip = tip_after(9, 3, Epoch::ZERO);
     let mut enc = RecordEncoder::new(cap, cap - 192, tip, epoch).unwrap();
     let mut sink = Collect(Vec::new());
     let a = enc.push(&mut sink, &entry(3, 10, b"a")).unwrap();
@@ -160,15 +147,7 @@ fn encoder_chains_records_and_wraps() {
             (cap, RecordKind::Entry, 11, 4, 3, 100),
         ]
     );
-    assert_eq!(
-        enc.tip(),
-        ChainTip {
-            next_index: 12,
-            last_term: 4,
-            epoch,
-            unanchored: false,
-        }
-    );
+    assert_eq!(enc.tip(), tip_after(11, 4, epoch));
     assert_eq!(enc.next_lsn(), cap + 192);
     // A record that ends exactly at the end of the area needs no wrap.
     let mut enc = RecordEncoder::new(cap, cap - 128, tip, epoch).unwrap();
@@ -182,38 +161,21 @@ fn encoder_chains_records_and_wraps() {
 #[test]
 fn encoder_refuses_broken_chains() {
     let epoch = Epoch::new(4, 2).unwrap();
-    let tip = ChainTip {
-        next_index: 10,
-        last_term: 3,
-        epoch: Epoch::new(3, 1).unwrap(),
-        unanchored: false,
-    };
+    let tip = tip_after(9, 3, Epoch::new(3, 1).unwrap());
     let enc = RecordEncoder::new(1 << 20, 0, tip, epoch).unwrap();
     assert_eq!(
-        enc.check(&EntryRef {
-            term: 3,
-            index: 11,
-            payload: b""
-        }),
+        enc.check(&entry(3, 11, b"")),
         Err(EncodeError::IndexGap {
             expected: 10,
             found: 11
         })
     );
     assert!(matches!(
-        enc.check(&EntryRef {
-            term: 2,
-            index: 10,
-            payload: b""
-        }),
+        enc.check(&entry(2, 10, b"")),
         Err(EncodeError::TermRegression { .. })
     ));
     assert!(matches!(
-        enc.check(&EntryRef {
-            term: 5,
-            index: 10,
-            payload: b""
-        }),
+        enc.check(&entry(5, 10, b"")),
         Err(EncodeError::TermAboveEpoch { .. })
     ));
     let low_term_tip = ChainTip {
@@ -222,20 +184,12 @@ fn encoder_refuses_broken_chains() {
     };
     let old = RecordEncoder::new(1 << 20, 0, low_term_tip, Epoch::new(2, 9).unwrap()).unwrap();
     assert!(matches!(
-        old.check(&EntryRef {
-            term: 2,
-            index: 10,
-            payload: b""
-        }),
+        old.check(&entry(2, 10, b"")),
         Err(EncodeError::EpochRegression { .. })
     ));
     let big = vec![0u8; 1 << 20];
     assert!(matches!(
-        enc.check(&EntryRef {
-            term: 4,
-            index: 10,
-            payload: &big
-        }),
+        enc.check(&entry(4, 10, &big)),
         Err(EncodeError::PayloadTooLarge { .. })
     ));
 }
@@ -244,32 +198,11 @@ fn encoder_refuses_broken_chains() {
 fn write_buffer_splits_at_the_wrap() {
     let cap = 1u64 << 20;
     let epoch = Epoch::new(1, 1).unwrap();
-    let tip = ChainTip {
-        next_index: 0,
-        last_term: 0,
-        epoch: Epoch::ZERO,
-        unanchored: false,
-    };
+    let tip = ChainTip::default();
     let mut enc = RecordEncoder::new(cap, cap - 192, tip, epoch).unwrap();
     let mut buf = WriteBuffer::new(cap, cap - 192).unwrap();
-    enc.push(
-        &mut buf,
-        &EntryRef {
-            term: 1,
-            index: 0,
-            payload: b"x",
-        },
-    )
-    .unwrap();
-    enc.push(
-        &mut buf,
-        &EntryRef {
-            term: 1,
-            index: 1,
-            payload: &[1; 70],
-        },
-    )
-    .unwrap();
+    enc.push(&mut buf, &entry(1, 0, b"x")).unwrap();
+    enc.push(&mut buf, &entry(1, 1, &[1; 70])).unwrap();
     let segs = buf.segments();
     assert_eq!(segs.len(), 2);
     assert_eq!(segs[0].physical, cap - 192);
@@ -319,23 +252,18 @@ fn a_bad_capacity_or_position_from_a_peer_is_an_error() {
 fn the_encoder_refuses_indexes_above_max_index() {
     let epoch = Epoch::new(1, 1).unwrap();
     let mut enc = RecordEncoder::new(1 << 20, 0, ChainTip::after(None), epoch).unwrap();
-    let entry = |index| EntryRef {
-        term: 1,
-        index,
-        payload: b"x",
-    };
     let mut sink = Collect(Vec::new());
     for index in [MAX_INDEX + 1, u64::MAX] {
         assert_eq!(
-            enc.push(&mut sink, &entry(index)),
+            enc.push(&mut sink, &entry(1, index, b"x")),
             Err(EncodeError::IndexOutOfRange { index })
         );
     }
     assert!(sink.0.is_empty());
-    enc.push(&mut sink, &entry(MAX_INDEX)).unwrap();
+    enc.push(&mut sink, &entry(1, MAX_INDEX, b"x")).unwrap();
     assert_eq!(enc.tip().next_index, MAX_INDEX + 1);
     assert_eq!(
-        enc.check(&entry(MAX_INDEX + 1)),
+        enc.check(&entry(1, MAX_INDEX + 1, b"x")),
         Err(EncodeError::IndexOutOfRange {
             index: MAX_INDEX + 1
         })

@@ -46,6 +46,7 @@ mod purge;
 mod raw;
 
 pub use adopt::PreparedAdoption;
+pub(crate) use open::ring_file_len;
 
 use std::collections::VecDeque;
 use std::fs::File;

@@ -157,27 +157,23 @@ fn read_own_header(file: &File, path: &Path, config: &RingConfig) -> Result<Ring
                 rule: "no incarnation is left to bump it to",
             },
         })?;
-    for (field, expected, found) in [
-        ("cluster id", config.cluster_id, header.cluster_id),
-        ("node id", config.node_id, header.node_id),
-        ("capacity", config.capacity, header.capacity),
-    ] {
-        if expected != found {
-            return Err(WalError::Foreign {
-                path: path.to_path_buf(),
-                field,
-                expected,
-                found,
-            });
-        }
-    }
+    WalError::check_owner(
+        path,
+        &[
+            ("cluster id", config.cluster_id, header.cluster_id),
+            ("node id", config.node_id, header.node_id),
+            ("capacity", config.capacity, header.capacity),
+        ],
+    )?;
     Ok(header)
 }
 
-/// Step of [`Ring::open`]: checks the file's size against the header, sets
-/// up a fresh page cache and maps the file.
-fn map_ring(file: &File, path: &Path, config: &RingConfig) -> Result<MmapMut> {
-    let total = CONTROL_BLOCK_BYTES as u64 + config.capacity;
+/// Checks that the ring file at `path` is as large as its header says
+/// (control block and a data area of `capacity` bytes) and returns that
+/// size, the length to map. Shared by [`Ring::open`] and the offline
+/// checker.
+pub(crate) fn ring_file_len(file: &File, path: &Path, capacity: u64) -> Result<usize> {
+    let total = CONTROL_BLOCK_BYTES as u64 + capacity;
     let size = file.metadata().map_err(WalError::io("stat", path))?.len();
     if size != total {
         return Err(WalError::Inconsistent {
@@ -185,8 +181,14 @@ fn map_ring(file: &File, path: &Path, config: &RingConfig) -> Result<MmapMut> {
             what: format!("file is {size} bytes, its header says {total}"),
         });
     }
-    let len = usize::try_from(total)
-        .map_err(|_| WalError::Config(format!("ring of {total} bytes does not fit in memory")))?;
+    usize::try_from(total)
+        .map_err(|_| WalError::Config(format!("ring of {total} bytes does not fit in memory")))
+}
+
+/// Step of [`Ring::open`]: checks the file's size against the header, sets
+/// up a fresh page cache and maps the file.
+fn map_ring(file: &File, path: &Path, config: &RingConfig) -> Result<MmapMut> {
+    let len = ring_file_len(file, path, config.capacity)?;
     fresh_page_cache(file, path)?;
     // SAFETY: the file is ours (a ring of this node, checked above) and is
     // not resized while mapped: the ring keeps it open and never truncates

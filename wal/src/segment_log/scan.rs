@@ -172,19 +172,13 @@ fn header_defect(
     cluster_id: u64,
     node_id: u64,
 ) -> Result<Option<SegmentDefect>> {
-    for (field, expected, found) in [
-        ("cluster id", cluster_id, header.cluster_id),
-        ("node id", node_id, header.node_id),
-    ] {
-        if expected != found {
-            return Err(WalError::Foreign {
-                path: path.to_path_buf(),
-                field,
-                expected,
-                found,
-            });
-        }
-    }
+    WalError::check_owner(
+        path,
+        &[
+            ("cluster id", cluster_id, header.cluster_id),
+            ("node id", node_id, header.node_id),
+        ],
+    )?;
     if header.first_index != name_index {
         return Ok(Some(SegmentDefect::NameMismatch {
             name: name_index,

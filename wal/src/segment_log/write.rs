@@ -257,13 +257,7 @@ impl<D: Disk> SegmentLog<D> {
                     Some(end) => has_records && end + len > self.config.segment_bytes,
                 };
                 if roll {
-                    if at > run_start {
-                        parts
-                            .last_mut()
-                            .expect("a part for the run")
-                            .slices
-                            .push(&slice[run_start..at]);
-                    }
+                    close_run(&mut parts, &slice[run_start..at]);
                     run_start = at;
                     parts.push(Part {
                         new_header: Some(SegmentHeader {
@@ -301,13 +295,7 @@ impl<D: Disk> SegmentLog<D> {
                 part.lsn_end = lsn_end;
                 at += record.len;
             }
-            if at > run_start {
-                parts
-                    .last_mut()
-                    .expect("a part for the run")
-                    .slices
-                    .push(&slice[run_start..at]);
-            }
+            close_run(&mut parts, &slice[run_start..at]);
         }
         parts
     }
@@ -516,5 +504,17 @@ impl<D: Disk> SegmentLog<D> {
         self.unsynced
             .retain(|f| !removed.iter().any(|s| Arc::ptr_eq(f, &s.file)));
         Ok(first)
+    }
+}
+
+/// Adds `run`, whole records of one slice of an append, to the last part;
+/// an empty run adds nothing.
+fn close_run<'a>(parts: &mut [Part<'a>], run: &'a [u8]) {
+    if !run.is_empty() {
+        parts
+            .last_mut()
+            .expect("a part for the run")
+            .slices
+            .push(run);
     }
 }

@@ -2,8 +2,8 @@
 //! on buffers in memory and must never touch a file or the clock.
 
 use super::*;
-use crate::record::{EntryRef, RecordEncoder, RecordSink};
-use crate::test_area::{Area, CAP, epoch};
+use crate::record::{RecordEncoder, RecordSink};
+use crate::test_area::{Area, CAP, entry, epoch, tip_after};
 
 const GEO: Geometry = Geometry {
     capacity: CAP,
@@ -15,28 +15,35 @@ fn area_with(n: u64, e: Epoch) -> (Area, Vec<u64>) {
     let mut area = Area(vec![0; CAP as usize]);
     let mut enc = RecordEncoder::new(CAP, 0, ChainTip::default(), e).unwrap();
     let lsns = (0..n)
-        .map(|i| {
-            enc.push(
-                &mut area,
-                &EntryRef {
-                    term: 1,
-                    index: i,
-                    payload: b"payload",
-                },
-            )
-            .unwrap()
-            .lsn
-        })
+        .map(|i| enc.push(&mut area, &entry(1, i, b"payload")).unwrap().lsn)
         .collect();
     (area, lsns)
 }
 
-fn tip_after(index: u64, term: u64, e: Epoch) -> ChainTip {
-    ChainTip {
-        next_index: index + 1,
-        last_term: term,
-        epoch: e,
-        unanchored: false,
+/// Validates the record at `lsn` of `area` as the first one a recovery
+/// under `fence` reads (an empty chain before it).
+fn recover_first(area: &[u8], lsn: u64, fence: Epoch) -> Result<Valid, Invalid> {
+    validate_at(
+        area,
+        lsn,
+        GEO,
+        ChainTip::default(),
+        Check::Recovery { fence },
+    )
+}
+
+/// A hand-made header of `kind`: lsn 0, no payload, every chain field zero
+/// and no CRC yet (`seal` sets it); tests set the fields they need.
+fn zeroed_header(kind: RecordKind) -> RecordHeader {
+    RecordHeader {
+        kind,
+        payload_len: 0,
+        lsn: 0,
+        term: 0,
+        index: 0,
+        prev_term: 0,
+        epoch: Epoch::ZERO,
+        crc: 0,
     }
 }
 
@@ -60,14 +67,7 @@ fn valid_records_pass_both_contexts() {
 #[test]
 fn zeroes_are_bad_magic_and_end_of_log() {
     let area = vec![0u8; CAP as usize];
-    let err = validate_at(
-        &area,
-        0,
-        GEO,
-        ChainTip::default(),
-        Check::Recovery { fence: Epoch::ZERO },
-    )
-    .unwrap_err();
+    let err = recover_first(&area, 0, Epoch::ZERO).unwrap_err();
     assert_eq!(err, Invalid::BadMagic { found: 0 });
     assert!(err.is_end_of_log());
 }
@@ -77,14 +77,7 @@ fn stale_lap_is_lsn_mismatch() {
     let e = epoch(1, 1);
     let (area, _) = area_with(1, e);
     // The same physical bytes looked at one lap later.
-    let err = validate_at(
-        &area.0,
-        CAP,
-        GEO,
-        ChainTip::default(),
-        Check::Recovery { fence: e },
-    )
-    .unwrap_err();
+    let err = recover_first(&area.0, CAP, e).unwrap_err();
     assert_eq!(
         err,
         Invalid::LsnMismatch {
@@ -100,14 +93,7 @@ fn torn_payload_is_crc_mismatch() {
     let e = epoch(1, 1);
     let (mut area, _) = area_with(1, e);
     area.0[64] ^= 0x40;
-    let err = validate_at(
-        &area.0,
-        0,
-        GEO,
-        ChainTip::default(),
-        Check::Recovery { fence: e },
-    )
-    .unwrap_err();
+    let err = recover_first(&area.0, 0, e).unwrap_err();
     assert!(matches!(err, Invalid::CrcMismatch { .. }), "{err}");
     assert!(!err.is_end_of_log());
 }
@@ -117,14 +103,7 @@ fn oversized_and_straddling_lengths_are_bad_length() {
     let e = epoch(1, 1);
     let (mut area, _) = area_with(1, e);
     area.0[8..12].copy_from_slice(&5000u32.to_le_bytes());
-    let err = validate_at(
-        &area.0,
-        0,
-        GEO,
-        ChainTip::default(),
-        Check::Recovery { fence: e },
-    )
-    .unwrap_err();
+    let err = recover_first(&area.0, 0, e).unwrap_err();
     assert!(matches!(
         err,
         Invalid::BadLength {
@@ -136,24 +115,12 @@ fn oversized_and_straddling_lengths_are_bad_length() {
     let mut area = vec![0u8; CAP as usize];
     let lsn = CAP - 64;
     let mut header = RecordHeader {
-        kind: RecordKind::Entry,
         payload_len: 1,
         lsn,
-        term: 0,
-        index: 0,
-        prev_term: 0,
-        epoch: Epoch::ZERO,
-        crc: 0,
+        ..zeroed_header(RecordKind::Entry)
     };
     area[lsn as usize..].copy_from_slice(&header.seal(&[0]));
-    let err = validate_at(
-        &area,
-        lsn,
-        GEO,
-        ChainTip::default(),
-        Check::Recovery { fence: e },
-    )
-    .unwrap_err();
+    let err = recover_first(&area, lsn, e).unwrap_err();
     assert!(matches!(err, Invalid::BadLength { physical, .. } if physical == lsn));
 }
 
@@ -167,25 +134,11 @@ fn malformed_header_with_good_crc_is_bad_header() {
         record_crc(&h, &area.0[64..64 + 7])
     };
     area.0[60..64].copy_from_slice(&crc.to_le_bytes());
-    let err = validate_at(
-        &area.0,
-        0,
-        GEO,
-        ChainTip::default(),
-        Check::Recovery { fence: e },
-    )
-    .unwrap_err();
+    let err = recover_first(&area.0, 0, e).unwrap_err();
     assert_eq!(err, Invalid::BadHeader(HeaderDefect::Kind(7)));
     // The same defect with a bad CRC reads as a torn write.
     area.0[60] ^= 1;
-    let err = validate_at(
-        &area.0,
-        0,
-        GEO,
-        ChainTip::default(),
-        Check::Recovery { fence: e },
-    )
-    .unwrap_err();
+    let err = recover_first(&area.0, 0, e).unwrap_err();
     assert!(matches!(err, Invalid::CrcMismatch { .. }));
 }
 
@@ -218,22 +171,14 @@ fn term_regression_and_term_above_epoch() {
     let mut area = Area(vec![0; CAP as usize]);
     // Hand-made record: term 1 after an entry of term 2 (prev_term says 2).
     let mut h = RecordHeader {
-        kind: RecordKind::Entry,
-        payload_len: 0,
-        lsn: 0,
         term: 1,
         index: 5,
         prev_term: 2,
         epoch: epoch(3, 1),
-        crc: 0,
+        ..zeroed_header(RecordKind::Entry)
     };
     area.put_record(0, &h.seal(&[]), &[]);
-    let tip = ChainTip {
-        next_index: 5,
-        last_term: 2,
-        epoch: Epoch::ZERO,
-        unanchored: false,
-    };
+    let tip = tip_after(4, 2, Epoch::ZERO);
     let err =
         validate_at(&area.0, 0, GEO, tip, Check::Recovery { fence: epoch(3, 1) }).unwrap_err();
     assert_eq!(
@@ -298,15 +243,7 @@ fn wrap_marker_validates_and_jumps_to_next_lap() {
     let mut area = Area(vec![0; CAP as usize]);
     let tip = tip_after(9, 1, e);
     let mut enc = RecordEncoder::new(CAP, CAP - 64, tip, e).unwrap();
-    enc.push(
-        &mut area,
-        &EntryRef {
-            term: 1,
-            index: 10,
-            payload: b"x",
-        },
-    )
-    .unwrap();
+    enc.push(&mut area, &entry(1, 10, b"x")).unwrap();
     let check = Check::Recovery { fence: e };
     let wrap = validate_at(&area.0, CAP - 64, GEO, tip, check).unwrap();
     assert_eq!(wrap.header.kind, RecordKind::Wrap);
@@ -329,24 +266,11 @@ fn wrap_marker_validates_and_jumps_to_next_lap() {
 fn wrap_marker_with_payload_is_bad_length() {
     let mut area = Area(vec![0; CAP as usize]);
     let mut h = RecordHeader {
-        kind: RecordKind::Wrap,
         payload_len: 1,
-        lsn: 0,
-        term: 0,
-        index: 0,
-        prev_term: 0,
-        epoch: Epoch::ZERO,
-        crc: 0,
+        ..zeroed_header(RecordKind::Wrap)
     };
     area.put_record(0, &h.seal(&[1]), &[1]);
-    let err = validate_at(
-        &area.0,
-        0,
-        GEO,
-        ChainTip::default(),
-        Check::Recovery { fence: Epoch::ZERO },
-    )
-    .unwrap_err();
+    let err = recover_first(&area.0, 0, Epoch::ZERO).unwrap_err();
     assert!(matches!(err, Invalid::BadLength { limit: 0, .. }));
 }
 
@@ -355,24 +279,8 @@ fn an_unanchored_log_takes_any_first_index_then_is_strict() {
     let e = epoch(1, 1);
     let mut area = Area(vec![0; CAP as usize]);
     let mut enc = RecordEncoder::new(CAP, 0, ChainTip::after(None), e).unwrap();
-    enc.push(
-        &mut area,
-        &EntryRef {
-            term: 1,
-            index: 40,
-            payload: b"x",
-        },
-    )
-    .unwrap();
-    enc.push(
-        &mut area,
-        &EntryRef {
-            term: 1,
-            index: 41,
-            payload: b"y",
-        },
-    )
-    .unwrap();
+    enc.push(&mut area, &entry(1, 40, b"x")).unwrap();
+    enc.push(&mut area, &entry(1, 41, b"y")).unwrap();
     let check = Check::Recovery { fence: e };
     let first = validate_at(&area.0, 0, GEO, ChainTip::after(None), check).unwrap();
     assert_eq!(first.header.index, 40);
@@ -421,14 +329,11 @@ fn indexes_above_max_index_are_refused() {
         let mut area = Area(vec![0; CAP as usize]);
         for kind in [RecordKind::Entry, RecordKind::Wrap] {
             let mut h = RecordHeader {
-                kind,
-                payload_len: 0,
-                lsn: 0,
                 term: 1,
                 index,
                 prev_term: 1,
                 epoch: e,
-                crc: 0,
+                ..zeroed_header(kind)
             };
             area.put_record(0, &h.seal(&[]), &[]);
             for check in [Check::Adoption { fence: e }, Check::Recovery { fence: e }] {
@@ -451,14 +356,9 @@ fn records_beyond_the_lsn_space_are_outside_the_window() {
     let mut area = Area(vec![0; CAP as usize]);
     let lsn = MAX_LSN;
     let mut h = RecordHeader {
-        kind: RecordKind::Wrap,
-        payload_len: 0,
         lsn,
-        term: 0,
-        index: 0,
-        prev_term: 0,
         epoch: e,
-        crc: 0,
+        ..zeroed_header(RecordKind::Wrap)
     };
     area.put_record(lsn, &h.seal(&[]), &[]);
     let check = Check::Recovery { fence: e };

@@ -1,12 +1,16 @@
 //! Helpers shared by the wal integration tests.
 #![allow(dead_code)]
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use ringraft_wal::{
-    ChainTip, EntryRef, Epoch, LogPos, RecordEncoder, Ring, RingConfig, Wal, WriteBuffer,
+    AdoptRequest, ChainTip, EntryRef, Epoch, LogPos, RecordEncoder, Ring, RingConfig, Wal,
+    WriteBuffer,
 };
 
+#[path = "../../src/test_noise.rs"]
+pub mod noise;
 pub mod segments;
 
 pub const CAP: u64 = 1 << 20;
@@ -66,6 +70,16 @@ pub fn ring_path(dir: &Path) -> PathBuf {
     ringraft_wal::ring_path(dir).unwrap()
 }
 
+/// The ring file of data directory `dir`, open for reading and writing
+/// behind the ring's back (what a crafted or damaged file needs).
+pub fn ring_file(dir: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(ring_path(dir))
+        .unwrap()
+}
+
 /// Opens data directory `dir` with `config`, its ring in [`ring_dir_of`].
 pub fn open_with(dir: &Path, config: &RingConfig) -> Result<Wal, ringraft_wal::WalError> {
     Wal::open(dir, &ring_dir_of(dir), config)
@@ -75,15 +89,36 @@ pub fn open(dir: &Path) -> Wal {
     open_with(dir, &config(1)).unwrap()
 }
 
+/// Opens data directory `dir` as [`open`] does and takes the ring's fence
+/// for `e`: the node is ready to append as the leader of `e`.
+pub fn open_fenced(dir: &Path, e: Epoch) -> Wal {
+    let wal = open(dir);
+    take_fence(wal.ring(), e);
+    wal
+}
+
 /// A payload that tells which entry it belongs to.
 pub fn payload(index: u64, len: usize) -> Vec<u8> {
     (0..len).map(|i| (index as usize * 31 + i) as u8).collect()
 }
 
-/// Appends `n` entries of `term` under `e`, payload length from `len_of`.
+/// Appends `n` entries of `term` under `e` after the log's last one,
+/// payload length from `len_of`.
 pub fn append_n(ring: &mut Ring, e: Epoch, term: u64, n: u64, len_of: impl Fn(u64) -> usize) {
-    for _ in 0..n {
-        let index = ring.next_index();
+    let first = ring.next_index();
+    append_range(ring, e, term, first..first + n, len_of);
+}
+
+/// Appends the entries `indexes` of `term` under `e`, one append each,
+/// payload length from `len_of`.
+pub fn append_range(
+    ring: &mut Ring,
+    e: Epoch,
+    term: u64,
+    indexes: Range<u64>,
+    len_of: impl Fn(u64) -> usize,
+) {
+    for index in indexes {
         let p = payload(index, len_of(index));
         ring.append(
             e,
@@ -103,8 +138,9 @@ pub fn take_fence(ring: &Ring, e: Epoch) {
     assert_eq!(ring.compare_exchange_fence(current, e).unwrap(), current);
 }
 
-/// Plays a remote leader: encodes entries after `tip` at `start_lsn` and
-/// writes them into the ring (entries as (index, term, payload))'s data area as a one-sided WRITE would.
+/// Plays a remote leader: encodes `entries` (as (index, term, payload))
+/// after `tip` at `start_lsn` and writes them into the ring's data area as
+/// a one-sided WRITE would.
 pub fn remote_write(
     ring: &Ring,
     start_lsn: u64,
@@ -139,6 +175,21 @@ pub fn remote_write(
         };
     }
     buf
+}
+
+/// The request that asks a follower to adopt `entries` (as (index, term,
+/// payload)), which a remote leader wrote as `buf` ([`remote_write`]): its
+/// lsn range, count and last log id.
+pub fn adopt_request(buf: &WriteBuffer, entries: &[(u64, u64, Vec<u8>)]) -> AdoptRequest {
+    AdoptRequest {
+        from_lsn: buf.start_lsn(),
+        to_lsn: buf.end_lsn(),
+        entries: entries.len() as u64,
+        last: entries.last().map(|(index, term, _)| LogPos {
+            term: *term,
+            index: *index,
+        }),
+    }
 }
 
 /// Everything the log holds, as (index, term, payload).

@@ -110,6 +110,48 @@ pub fn open(
     SegmentLog::open(RealDisk, dir, config(segment_bytes), acked).unwrap()
 }
 
+/// Opens the log in `dir` again with `config` on the real disk and asserts
+/// that recovery finds it clean and holding `expected` (as (index, term,
+/// payload)).
+pub fn reopen_clean(
+    dir: &Path,
+    config: SegmentConfig,
+    expected: &[(u64, u64, Vec<u8>)],
+) -> (SegmentLog<RealDisk>, SegmentRecovery) {
+    let (log, recovery) = SegmentLog::open(RealDisk, dir, config, None).unwrap();
+    assert_eq!(recovery.damage, Damage::None, "{recovery:?}");
+    assert_eq!(contents(&log), expected);
+    (log, recovery)
+}
+
+/// The lsn right after the record of entry `index` in `log`: where the
+/// ring goes on when the log is cut after that entry.
+pub fn lsn_after<D: Disk>(log: &SegmentLog<D>, index: u64) -> u64 {
+    let r = log.reader().read(index).unwrap();
+    r.lsn + 64 + r.payload.len().next_multiple_of(64) as u64
+}
+
+/// A model's truncation (tests/segments.rs, tests/segment_crashes.rs): cuts
+/// `log` and `source` after the retained entry (from `first` on) that
+/// `pick` chooses, modulo their number; that entry, or `None` when no entry
+/// is retained.
+pub fn truncate_after_picked<D: Disk>(
+    log: &mut SegmentLog<D>,
+    source: &mut Source,
+    first: u64,
+    pick: u64,
+) -> Option<u64> {
+    let last = source.entries.last()?.0;
+    if last < first {
+        return None;
+    }
+    let keep = first + pick % (last - first + 1);
+    let lsn_after = lsn_after(log, keep);
+    log.truncate_after(Some(keep)).unwrap();
+    source.truncate_after(keep, lsn_after);
+    Some(keep)
+}
+
 /// Everything the log holds, read one by one and as one range.
 pub fn contents<D: Disk>(log: &SegmentLog<D>) -> Vec<(u64, u64, Vec<u8>)> {
     let reader = log.reader();
