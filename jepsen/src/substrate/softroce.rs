@@ -447,6 +447,7 @@ impl Drop for SoftRoce {
 mod tests {
     use std::io::{BufRead, BufReader, Write};
     use std::net::TcpListener;
+    use std::path::{Path, PathBuf};
     use std::process::{Child, Command};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -544,12 +545,19 @@ mod tests {
         }
     }
 
+    /// A `sleep 60` child and a file in `dir` that holds its pid, as a
+    /// guest's pid file holds the daemon's.
+    fn sleeper(dir: &Path) -> (Child, PathBuf) {
+        let child = Command::new("sleep").arg("60").spawn().unwrap();
+        let pid_file = dir.join("pid");
+        std::fs::write(&pid_file, child.id().to_string()).unwrap();
+        (child, pid_file)
+    }
+
     #[test]
     fn the_freeze_watcher_stops_the_process_once_enough_proposals_are_in_flight() {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new("sleep").arg("60").spawn().unwrap();
-        let pid_file = dir.path().join("pid");
-        std::fs::write(&pid_file, child.id().to_string()).unwrap();
+        let (mut child, pid_file) = sleeper(dir.path());
         let in_flight = Arc::new(AtomicU64::new(3));
         let addr = metrics_server(in_flight.clone());
         let pid_file = pid_file.display().to_string();
@@ -591,9 +599,7 @@ mod tests {
     #[test]
     fn the_freeze_watcher_polls_once_even_when_started_after_its_bound() {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new("sleep").arg("60").spawn().unwrap();
-        let pid_file = dir.path().join("pid");
-        std::fs::write(&pid_file, child.id().to_string()).unwrap();
+        let (mut child, pid_file) = sleeper(dir.path());
         let addr = metrics_server(Arc::new(AtomicU64::new(8)));
         let script = freeze_watch_script(
             &pid_file.display().to_string(),
