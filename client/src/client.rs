@@ -8,8 +8,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use tonic::transport::{Channel, Endpoint};
-use tonic::{Code, Request, Status};
+use tonic::{Code, Status};
 
+use crate::api_request;
 use crate::proto::log_client::LogClient;
 use crate::proto::{
     AddLearnerRequest, AppendRequest, Consistency, FollowRequest, Member, MembersRequest,
@@ -257,7 +258,7 @@ impl Client {
                     first_seq,
                     records: records.clone(),
                 };
-                async move { c.append(api(req)).await.map(|r| r.into_inner()) }
+                async move { c.append(api_request(req)).await.map(|r| r.into_inner()) }
             })
             .await;
         match response {
@@ -283,7 +284,7 @@ impl Client {
     ) -> Result<Vec<Record>, ClientError> {
         self.with_retry(|mut c| async move {
             let mut stream = c
-                .read(api(ReadRequest {
+                .read(api_request(ReadRequest {
                     from,
                     to,
                     consistency: consistency as i32,
@@ -303,7 +304,7 @@ impl Client {
     /// stream ends when that node fails (call again from the next index).
     pub async fn follow(&mut self, from: u64) -> Result<tonic::Streaming<Record>, ClientError> {
         self.with_retry(|mut c| async move {
-            c.follow(api(FollowRequest { from }))
+            c.follow(api_request(FollowRequest { from }))
                 .await
                 .map(|r| r.into_inner())
         })
@@ -313,7 +314,7 @@ impl Client {
     /// The status of the first node that answers.
     pub async fn status(&mut self) -> Result<StatusResponse, ClientError> {
         self.with_retry(|mut c| async move {
-            c.status(api(StatusRequest {}))
+            c.status(api_request(StatusRequest {}))
                 .await
                 .map(|r| r.into_inner())
         })
@@ -323,7 +324,7 @@ impl Client {
     /// The members.
     pub async fn members(&mut self) -> Result<Vec<Member>, ClientError> {
         self.with_retry(|mut c| async move {
-            c.members(api(MembersRequest {}))
+            c.members(api_request(MembersRequest {}))
                 .await
                 .map(|r| r.into_inner().members)
         })
@@ -335,7 +336,7 @@ impl Client {
         self.with_retry(|mut c| {
             let addr = addr.clone();
             async move {
-                c.add_learner(api(AddLearnerRequest { id, addr }))
+                c.add_learner(api_request(AddLearnerRequest { id, addr }))
                     .await
                     .map(|r| r.into_inner().members)
             }
@@ -348,7 +349,7 @@ impl Client {
         self.with_retry(|mut c| {
             let ids = ids.clone();
             async move {
-                c.promote(api(PromoteRequest { ids }))
+                c.promote(api_request(PromoteRequest { ids }))
                     .await
                     .map(|r| r.into_inner().members)
             }
@@ -361,7 +362,7 @@ impl Client {
         self.with_retry(|mut c| {
             let ids = ids.clone();
             async move {
-                c.remove(api(RemoveRequest { ids }))
+                c.remove(api_request(RemoveRequest { ids }))
                     .await
                     .map(|r| r.into_inner().members)
             }
@@ -372,7 +373,7 @@ impl Client {
     /// Asks the leader to hand leadership to `to`.
     pub async fn transfer_leader(&mut self, to: u64) -> Result<(), ClientError> {
         self.with_retry(|mut c| async move {
-            c.transfer_leader(api(TransferLeaderRequest { to }))
+            c.transfer_leader(api_request(TransferLeaderRequest { to }))
                 .await
                 .map(|_| ())
         })
@@ -383,7 +384,7 @@ impl Client {
     /// kept (see the `Trim` call of `log.proto`).
     pub async fn trim(&mut self, before: u64) -> Result<u64, ClientError> {
         self.with_retry(|mut c| async move {
-            c.trim(api(TrimRequest { before }))
+            c.trim(api_request(TrimRequest { before }))
                 .await
                 .map(|r| r.into_inner().first_index)
         })
@@ -394,15 +395,6 @@ impl Client {
 /// A fresh session's client id (never 0, which means "no session").
 fn new_client_id() -> u64 {
     rand::random::<u64>() | 1
-}
-
-fn api<T>(message: T) -> Request<T> {
-    let mut req = Request::new(message);
-    req.metadata_mut().insert(
-        "ringraft-api",
-        tonic::metadata::MetadataValue::from_static(crate::API_VERSION),
-    );
-    req
 }
 
 #[cfg(test)]

@@ -26,3 +26,15 @@ pub use proto::Consistency;
 
 /// The API version this crate speaks (request metadata `ringraft-api`).
 pub const API_VERSION: &str = "1";
+
+/// `message` as a request of this API version (metadata `ringraft-api`:
+/// [`API_VERSION`]), for the [`Client`] and for callers that drive the
+/// generated [`proto`] clients themselves.
+pub fn api_request<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        "ringraft-api",
+        tonic::metadata::MetadataValue::from_static(API_VERSION),
+    );
+    request
+}

@@ -21,7 +21,7 @@ pub mod load;
 pub mod report;
 
 /// The subset of etcd 3.4's gRPC API used here
-/// (`proto/etcdserverpb/rpc.proto`).
+/// (`proto/third_party/etcdserverpb/rpc.proto`, trimmed from etcd's own).
 pub mod etcd_proto {
     #![allow(missing_docs, clippy::all)]
     tonic::include_proto!("etcdserverpb");

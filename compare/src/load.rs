@@ -25,8 +25,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
-use tonic::{Request, Status};
 
 use ringraft_client::proto::log_client::LogClient;
 use ringraft_client::proto::{AppendRequest, StatusRequest as LogStatusRequest};
@@ -84,16 +84,6 @@ async fn connect(addr: &str) -> Result<Channel, String> {
         .map_err(|e| format!("{addr}: {e}"))
 }
 
-/// A request to ringraft, with the API version it speaks.
-fn ringraft_request<T>(message: T) -> Request<T> {
-    let mut req = Request::new(message);
-    req.metadata_mut().insert(
-        "ringraft-api",
-        tonic::metadata::MetadataValue::from_static(ringraft_client::API_VERSION),
-    );
-    req
-}
-
 async fn bounded<T>(
     what: &str,
     call: impl std::future::Future<Output = Result<tonic::Response<T>, Status>>,
@@ -125,7 +115,8 @@ async fn look_for_leader(system: System, endpoints: &[String]) -> Result<usize, 
             System::Ringraft => {
                 let s = bounded(
                     &format!("{addr} status"),
-                    LogClient::new(channel).status(ringraft_request(LogStatusRequest {})),
+                    LogClient::new(channel)
+                        .status(ringraft_client::api_request(LogStatusRequest {})),
                 )
                 .await?;
                 if s.members.iter().filter(|m| m.voter).count() != endpoints.len() {
@@ -171,7 +162,7 @@ async fn look_for_leader(system: System, endpoints: &[String]) -> Result<usize, 
         System::Ringraft => {
             bounded(
                 &format!("{addr} probe append"),
-                LogClient::new(channel).append(ringraft_request(AppendRequest {
+                LogClient::new(channel).append(ringraft_client::api_request(AppendRequest {
                     client_id: 0,
                     first_seq: 0,
                     records: vec![b"compare ready".to_vec()],
@@ -270,7 +261,7 @@ async fn client_loop(number: usize, mut conn: Conn, plan: Arc<Plan>) -> ClientTa
                 }
                 Conn::Ringraft(log) => {
                     let answer = log
-                        .append(ringraft_request(AppendRequest {
+                        .append(ringraft_client::api_request(AppendRequest {
                             client_id: session,
                             first_seq: next_seq,
                             records: vec![payload.clone()],

@@ -522,41 +522,40 @@ _lab_guest_rules() {  # <peer ip> <A|D> -> iptables commands
     [ "$LAB_CUT_SCOPE" = roce ] && m="-p udp --dport 4791 "
     echo "iptables -$2 INPUT -s $1 ${m}-j DROP && iptables -$2 OUTPUT -d $1 ${m}-j DROP"
 }
-lab_cut() {
-    local -; set +e +u +o pipefail          # callers may run with set -euo pipefail
-    local i=$1 j=$2 r rc=0
-    _lab_load || return 1
-    [ "$LAB_TOPOLOGY" = multi ] || { _lab_log "lab_cut needs the multi topology"; return 1; }
+# _lab_pair_rules <A|D> <i> <j> <log line>: adds (A, a cut) or deletes (D, a
+# heal) the rules between guests i and j; logs <log line> if every rule took.
+_lab_pair_rules() {
+    local op=$1 i=$2 j=$3 r rc=0
     if [ "$LAB_CUT_METHOD" = guest ]; then
-        lab_exec -t 20 "$i" "$(_lab_guest_rules "$(_lab_ip "$j")" A)" || rc=1
-        lab_exec -t 20 "$j" "$(_lab_guest_rules "$(_lab_ip "$i")" A)" || rc=1
+        lab_exec -t 20 "$i" "$(_lab_guest_rules "$(_lab_ip "$j")" "$op")" || rc=1
+        lab_exec -t 20 "$j" "$(_lab_guest_rules "$(_lab_ip "$i")" "$op")" || rc=1
     else
+        # An ebtables rule added is listed in $LAB_RUN/undo (what the cleanup
+        # deletes) until it is deleted.
         while read -r r; do
             # shellcheck disable=SC2086
-            ebtables -A $r || rc=1
-            ( flock 7; echo "ebtables -D $r" >> "$LAB_RUN/undo" ) 7>> "$LAB_RUN/undo.lock"
+            ebtables -"$op" $r || rc=1
+            if [ "$op" = A ]; then
+                ( flock 7; echo "ebtables -D $r" >> "$LAB_RUN/undo" ) 7>> "$LAB_RUN/undo.lock"
+            else
+                ( flock 7; grep -vxF "ebtables -D $r" "$LAB_RUN/undo" > "$LAB_RUN/undo.new"
+                  mv "$LAB_RUN/undo.new" "$LAB_RUN/undo" ) 7>> "$LAB_RUN/undo.lock"
+            fi
         done < <(_lab_cut_rules "$i" "$j")
     fi
-    [ "$rc" = 0 ] && _lab_log "cut $i <-> $j ($LAB_CUT_METHOD, $LAB_CUT_SCOPE)"
+    [ "$rc" = 0 ] && _lab_log "$4"
     return "$rc"
+}
+lab_cut() {
+    local -; set +e +u +o pipefail          # callers may run with set -euo pipefail
+    _lab_load || return 1
+    [ "$LAB_TOPOLOGY" = multi ] || { _lab_log "lab_cut needs the multi topology"; return 1; }
+    _lab_pair_rules A "$1" "$2" "cut $1 <-> $2 ($LAB_CUT_METHOD, $LAB_CUT_SCOPE)"
 }
 lab_heal() {
     local -; set +e +u +o pipefail          # callers may run with set -euo pipefail
-    local i=$1 j=$2 r rc=0
     _lab_load || return 1
-    if [ "$LAB_CUT_METHOD" = guest ]; then
-        lab_exec -t 20 "$i" "$(_lab_guest_rules "$(_lab_ip "$j")" D)" || rc=1
-        lab_exec -t 20 "$j" "$(_lab_guest_rules "$(_lab_ip "$i")" D)" || rc=1
-    else
-        while read -r r; do
-            # shellcheck disable=SC2086
-            ebtables -D $r || rc=1
-            ( flock 7; grep -vxF "ebtables -D $r" "$LAB_RUN/undo" > "$LAB_RUN/undo.new"
-              mv "$LAB_RUN/undo.new" "$LAB_RUN/undo" ) 7>> "$LAB_RUN/undo.lock"
-        done < <(_lab_cut_rules "$i" "$j")
-    fi
-    [ "$rc" = 0 ] && _lab_log "healed $i <-> $j"
-    return "$rc"
+    _lab_pair_rules D "$1" "$2" "healed $1 <-> $2"
 }
 
 # Isolation of one guest from everyone (guests and host): lab_isolate <i> /

@@ -38,6 +38,9 @@ use crate::history::{Event, EventType, HistoryWriter, Phase};
 use crate::rng::SplitMix64;
 use crate::substrate::{Substrate, SubstrateError, TailDamage};
 
+/// A substrate call on one node (kill, start, pause, resume).
+type NodeOp = fn(&dyn Substrate, u64) -> crate::substrate::Result<()>;
+
 /// A kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Fault {
@@ -412,33 +415,49 @@ impl Nemesis {
     async fn kill(&mut self) {
         let node = self.leader_or_random(50).await;
         let hold = self.rng.millis(1000, 4000);
-        self.event("kill", json!({"node": node}), Phase::Start);
-        let r = self.blocking(move |s| s.kill(node)).await;
-        let err = self.note("kill", r);
-        tokio::time::sleep(hold).await;
-        let r = self.blocking(move |s| s.start(node)).await;
-        let start_err = self.note("restart", r);
-        self.event(
-            "restart",
-            json!({"node": node, "kill_error": err, "error": start_err}),
-            Phase::Stop,
-        );
+        self.held(
+            node,
+            hold,
+            ("kill", |s, n| s.kill(n)),
+            ("restart", |s, n| s.start(n)),
+        )
+        .await;
     }
 
     async fn pause(&mut self) {
         let node = self.leader_or_random(70).await;
         let hold = self.rng.millis(1000, 5000);
-        self.event("pause", json!({"node": node}), Phase::Start);
-        let r = self.blocking(move |s| s.pause(node)).await;
-        let err = self.note("pause", r);
+        self.held(
+            node,
+            hold,
+            ("pause", |s, n| s.pause(n)),
+            ("resume", |s, n| s.resume(n)),
+        )
+        .await;
+    }
+
+    /// Applies `fault` to `node`, holds it for `hold`, then applies `undo`.
+    /// The history gets the fault's start event and the undo's stop event,
+    /// which carries the fault's error as `<fault>_error` and the undo's as
+    /// `error`.
+    async fn held(
+        &mut self,
+        node: u64,
+        hold: Duration,
+        (fault, apply): (&'static str, NodeOp),
+        (undo, revert): (&'static str, NodeOp),
+    ) {
+        self.event(fault, json!({"node": node}), Phase::Start);
+        let r = self.blocking(move |s| apply(s, node)).await;
+        let fault_err = self.note(fault, r);
         tokio::time::sleep(hold).await;
-        let r = self.blocking(move |s| s.resume(node)).await;
-        let resume_err = self.note("resume", r);
-        self.event(
-            "resume",
-            json!({"node": node, "pause_error": err, "error": resume_err}),
-            Phase::Stop,
-        );
+        let r = self.blocking(move |s| revert(s, node)).await;
+        let undo_err = self.note(undo, r);
+        let mut stop = serde_json::Map::new();
+        stop.insert("node".into(), node.into());
+        stop.insert(format!("{fault}_error"), fault_err);
+        stop.insert("error".into(), undo_err);
+        self.event(undo, Value::Object(stop), Phase::Stop);
     }
 
     async fn corrupt(&mut self) {

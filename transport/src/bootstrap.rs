@@ -1,7 +1,9 @@
 //! The TCP side of setting up a connection, shared by the `tcp` backend
 //! and the `rdma` backend's bootstrap stream: binding a listener, the
 //! accept loop (a bounded number of handshakes at once, failures counted
-//! and logged, never ending the loop), and dialling with a deadline.
+//! and logged, never ending the loop), and dialling with a deadline; and
+//! the [`Listener`] every backend hands out (the `inproc` fabric feeds one
+//! without a socket).
 //!
 //! Owns the sockets until a backend's handshake takes the stream. Never:
 //! read or write the stream's bytes (the handshake and the backends do),
@@ -15,7 +17,9 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 
+use crate::api::AcceptPolicy;
 use crate::error::{Result, TransportError};
+use crate::types::ConnConfig;
 
 /// Handshakes running at once on one listener; more wait.
 pub(crate) const MAX_CONCURRENT_HANDSHAKES: usize = 64;
@@ -24,50 +28,105 @@ pub(crate) const ACCEPT_QUEUE: usize = 64;
 /// Pause after a failed `accept` (EMFILE and friends) before the next.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// A listener that accepts: its authenticated connections' queue, the
-/// address clients connect to, and the accept task (the backend's listener
-/// aborts it when dropped).
-pub(crate) struct Accepting<C> {
-    /// Connections whose handshake succeeded, for `accept`.
-    pub(crate) incoming: mpsc::Receiver<C>,
-    /// The bound address.
-    pub(crate) local_addr: String,
-    /// The [`accept_loop`].
-    pub(crate) task: tokio::task::JoinHandle<()>,
+/// A listener of any backend: the queue of connections whose handshake
+/// succeeded, the address clients connect to, the device's count of
+/// rejected attempts, and the task that feeds the queue (the [`accept_loop`]
+/// for TCP; aborted when the listener is dropped).
+pub struct Listener<C> {
+    incoming: mpsc::Receiver<C>,
+    local_addr: String,
+    rejected: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<C> Listener<C> {
+    /// A listener over `incoming`, fed by `task`; attempts that fail count
+    /// in `rejected`.
+    pub(crate) fn new(
+        incoming: mpsc::Receiver<C>,
+        local_addr: String,
+        rejected: Arc<AtomicU64>,
+        task: tokio::task::JoinHandle<()>,
+    ) -> Listener<C> {
+        Listener {
+            incoming,
+            local_addr,
+            rejected,
+            task,
+        }
+    }
+
+    /// The next authenticated connection; `None` once the listener stopped.
+    pub async fn accept(&mut self) -> Option<C> {
+        self.incoming.recv().await
+    }
+
+    /// The address clients connect to.
+    pub fn local_addr(&self) -> String {
+        self.local_addr.clone()
+    }
+
+    /// Connection attempts that failed (bad secret, garbage, timeout, a
+    /// limit, the policy's refusal, connection setup) so far, on any
+    /// listener of the device.
+    pub fn rejected(&self) -> u64 {
+        self.rejected.load(Ordering::Relaxed)
+    }
+}
+
+impl<C> std::fmt::Debug for Listener<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("local_addr", &self.local_addr)
+            .finish()
+    }
+}
+
+impl<C> Drop for Listener<C> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A device that accepts connections over TCP bootstrap streams: the
+/// backend's half of [`listen`].
+pub(crate) trait Accept: Send + Sync + 'static {
+    /// What a successful handshake yields.
+    type Connection: Send + 'static;
+    /// How a failed attempt is logged.
+    const REJECTED_WHAT: &'static str;
+
+    /// The device's count of failed attempts, shared by its listeners.
+    fn rejected(&self) -> &Arc<AtomicU64>;
+
+    /// The server side of one attempt: the backend's handshake over
+    /// `stream` (Nagle already off) from `peer`.
+    fn accept_one(
+        &self,
+        stream: TcpStream,
+        peer: &str,
+        config: &ConnConfig,
+        policy: &AcceptPolicy,
+    ) -> impl Future<Output = Result<Self::Connection>> + Send;
 }
 
 /// Binds `addr` and spawns the [`accept_loop`] that hands each accepted
-/// stream to `accept_one` (the backend's handshake), failures counted in
-/// `rejected` and logged as `rejected_what`.
-pub(crate) async fn listen<C, F, Fut>(
+/// stream to `device`'s [`Accept::accept_one`].
+pub(crate) async fn listen<D: Accept>(
+    device: Arc<D>,
     addr: &str,
-    rejected: Arc<AtomicU64>,
-    rejected_what: &'static str,
-    accept_one: F,
-) -> Result<Accepting<C>>
-where
-    C: Send + 'static,
-    F: Fn(TcpStream, String) -> Fut + Send + 'static,
-    Fut: Future<Output = Result<C>> + Send + 'static,
-{
+    config: ConnConfig,
+    policy: AcceptPolicy,
+) -> Result<Listener<D::Connection>> {
     let (listener, local_addr) = bind(addr).await?;
     let (tx, incoming) = mpsc::channel(ACCEPT_QUEUE);
-    let task = tokio::spawn(accept_loop(
-        listener,
-        tx,
-        rejected,
-        rejected_what,
-        accept_one,
-    ));
-    Ok(Accepting {
-        incoming,
-        local_addr,
-        task,
-    })
+    let rejected = device.rejected().clone();
+    let task = tokio::spawn(accept_loop(listener, tx, device, config, policy));
+    Ok(Listener::new(incoming, local_addr, rejected, task))
 }
 
 /// A bound listener and the address clients connect to.
-pub(crate) async fn bind(addr: &str) -> Result<(TcpListener, String)> {
+async fn bind(addr: &str) -> Result<(TcpListener, String)> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(TransportError::io(format!("listen on {addr}")))?;
@@ -98,21 +157,17 @@ pub(crate) async fn dial(addr: &str, timeout: Duration) -> Result<TcpStream> {
     Ok(stream)
 }
 
-/// Accepts TCP connections for ever, running `accept_one` (the backend's
-/// handshake) on each, at most [`MAX_CONCURRENT_HANDSHAKES`] at once.
-/// Connections it yields go to `tx`; failures count in `rejected` and are
-/// logged as `rejected_what` ("connection attempt rejected").
-pub(crate) async fn accept_loop<C, F, Fut>(
+/// Accepts TCP connections for ever, running `device`'s handshake on each,
+/// at most [`MAX_CONCURRENT_HANDSHAKES`] at once. Connections it yields go
+/// to `tx`; failures count in the device's `rejected` and are logged as its
+/// `REJECTED_WHAT` ("connection attempt rejected").
+async fn accept_loop<D: Accept>(
     listener: TcpListener,
-    tx: mpsc::Sender<C>,
-    rejected: Arc<AtomicU64>,
-    rejected_what: &'static str,
-    accept_one: F,
-) where
-    C: Send + 'static,
-    F: Fn(TcpStream, String) -> Fut,
-    Fut: Future<Output = Result<C>> + Send + 'static,
-{
+    tx: mpsc::Sender<D::Connection>,
+    device: Arc<D>,
+    config: ConnConfig,
+    policy: AcceptPolicy,
+) {
     let handshakes = Arc::new(Semaphore::new(MAX_CONCURRENT_HANDSHAKES));
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -128,17 +183,21 @@ pub(crate) async fn accept_loop<C, F, Fut>(
             return;
         };
         let peer = peer.to_string();
-        let attempt = accept_one(stream, peer.clone());
-        let (tx, rejected) = (tx.clone(), rejected.clone());
+        let (tx, device) = (tx.clone(), device.clone());
+        let (config, policy) = (config.clone(), policy.clone());
         tokio::spawn(async move {
             let _permit = permit;
+            let attempt = async {
+                no_delay(&stream)?;
+                device.accept_one(stream, &peer, &config, &policy).await
+            };
             match attempt.await {
                 Ok(conn) => {
                     let _ = tx.send(conn).await;
                 }
                 Err(error) => {
-                    rejected.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(%peer, %error, "{rejected_what}");
+                    device.rejected().fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, %error, "{}", D::REJECTED_WHAT);
                 }
             }
         });

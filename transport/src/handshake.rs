@@ -31,7 +31,9 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::api::AcceptPolicy;
 use crate::error::{Result, TransportError};
+use crate::limits::ConnSlot;
 use crate::types::Backend;
 
 /// Protocol magic.
@@ -453,6 +455,36 @@ impl Accepted {
         reason: String,
     ) -> TransportError {
         reject(stream, peer, reason).await
+    }
+
+    /// Admits the authenticated client, with the same checks in the same
+    /// order for every backend: its endpoint decodes (`decode_endpoint`,
+    /// the backend's format), the device has a connection slot free
+    /// (`reserve_connection`), and the accept policy lets it in. The first
+    /// check that fails is refused, telling the client why. Yields the
+    /// client's endpoint, the slot it holds, and the application data the
+    /// policy reveals to it.
+    pub(crate) async fn admit<S: AsyncWrite + Unpin, E>(
+        &self,
+        stream: &mut S,
+        peer: &str,
+        decode_endpoint: impl FnOnce(&[u8], &str) -> Result<E>,
+        reserve_connection: impl FnOnce() -> Result<ConnSlot>,
+        policy: &AcceptPolicy,
+    ) -> Result<(E, ConnSlot, Vec<u8>)> {
+        let endpoint = match decode_endpoint(&self.peer.reveal.endpoint, peer) {
+            Ok(e) => e,
+            Err(e) => return Err(self.refuse(stream, peer, e.to_string()).await),
+        };
+        let slot = match reserve_connection() {
+            Ok(slot) => slot,
+            Err(e) => return Err(self.refuse(stream, peer, e.to_string()).await),
+        };
+        let app_data = match policy(&self.peer) {
+            Ok(data) => data,
+            Err(reason) => return Err(self.refuse(stream, peer, reason).await),
+        };
+        Ok((endpoint, slot, app_data))
     }
 }
 

@@ -27,9 +27,10 @@ use tokio::time::Instant;
 use crate::api::{AcceptPolicy, Device, DeviceConfig, DeviceKind};
 use crate::error::{Result, TransportError};
 use crate::handshake::PeerInfo;
+use crate::limits::ConnSlot;
 use crate::soft::conn::SoftEndpoint;
 use crate::soft::conn::{Frame, Wire, WireOut, wire};
-use crate::soft::{ConnSlot, Flavor, SoftConnection, SoftDevice, SoftListener};
+use crate::soft::{Flavor, SoftConnection, SoftDevice, SoftListener};
 use crate::types::{AtomicCapability, ConnConfig};
 use crate::work::Done;
 
@@ -276,12 +277,12 @@ impl Fabric {
                 tx,
             },
         );
-        Ok(SoftListener {
+        Ok(SoftListener::new(
             incoming,
-            local_addr: addr.to_string(),
-            rejected: device.rejected.clone(),
-            task: tokio::spawn(async {}),
-        })
+            addr.to_string(),
+            device.rejected.clone(),
+            tokio::spawn(async {}),
+        ))
     }
 
     pub(crate) async fn connect(

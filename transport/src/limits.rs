@@ -2,10 +2,15 @@
 //! it: its size against the connection's limits, and the alignment of
 //! remote atomics. The same rules on the responder side (a SEND above the
 //! receiver's limit, an unaligned atomic arriving from a peer) use the
-//! predicates here too, so the rule is written once.
+//! predicates here too, so the rule is written once. And the device's
+//! connection limit: the [`ConnSlot`] each connection of every backend
+//! holds.
 //!
 //! Owns the rules and their error messages. Never: touch memory, know a
 //! backend, or panic on what a peer sent (a peer's request is input).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::error::{Result, TransportError};
 use crate::work::Request;
@@ -64,6 +69,41 @@ pub(crate) fn check_request(
         });
     }
     Ok(())
+}
+
+/// A held slot of a device's connection limit; released when dropped,
+/// with the connection (or the half-built connection) that holds it.
+pub(crate) struct ConnSlot {
+    live_connections: Arc<AtomicU32>,
+}
+
+impl ConnSlot {
+    /// Takes one of `max_connections` slots counted in `live_connections`.
+    ///
+    /// # Errors
+    /// [`TransportError::Limit`] when `max_connections` are already live.
+    pub(crate) fn reserve(
+        live_connections: &Arc<AtomicU32>,
+        max_connections: u32,
+    ) -> Result<ConnSlot> {
+        live_connections
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |live| {
+                (live < max_connections).then_some(live + 1)
+            })
+            .map_err(|_| TransportError::Limit {
+                what: "connections per device",
+                limit: u64::from(max_connections),
+            })?;
+        Ok(ConnSlot {
+            live_connections: live_connections.clone(),
+        })
+    }
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.live_connections.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 #[cfg(test)]

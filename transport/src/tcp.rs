@@ -8,6 +8,7 @@
 //! error state; it never takes the process down.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::TcpStream;
@@ -16,59 +17,45 @@ use tokio::sync::mpsc;
 use crate::api::AcceptPolicy;
 use crate::bootstrap;
 use crate::error::Result;
+use crate::limits::ConnSlot;
 use crate::soft::conn::{Frame, MAX_FRAME_BYTES, WireOut, wire};
-use crate::soft::{ConnSlot, SoftConnection, SoftDevice, SoftListener};
+use crate::soft::{SoftConnection, SoftDevice};
 use crate::types::ConnConfig;
 
 fn codec() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<MAX_FRAME_BYTES>()
 }
 
-pub(crate) async fn listen(
-    device: Arc<SoftDevice>,
-    addr: &str,
-    config: ConnConfig,
-    policy: AcceptPolicy,
-) -> Result<SoftListener> {
-    let rejected = device.rejected.clone();
-    let accepting = bootstrap::listen(
-        addr,
-        rejected.clone(),
-        "connection attempt rejected",
-        move |stream, peer| {
-            let (device, config, policy) = (device.clone(), config.clone(), policy.clone());
-            async move { accept_one(stream, &device, &peer, &config, &policy).await }
-        },
-    )
-    .await?;
-    Ok(SoftListener {
-        incoming: accepting.incoming,
-        local_addr: accepting.local_addr,
-        rejected,
-        task: accepting.task,
-    })
-}
+/// The tcp backend's side of a bootstrap stream: after the handshake, the
+/// stream carries the frames.
+impl bootstrap::Accept for SoftDevice {
+    type Connection = SoftConnection;
+    const REJECTED_WHAT: &'static str = "connection attempt rejected";
 
-async fn accept_one(
-    mut stream: TcpStream,
-    device: &SoftDevice,
-    peer: &str,
-    config: &ConnConfig,
-    policy: &AcceptPolicy,
-) -> Result<SoftConnection> {
-    bootstrap::no_delay(&stream)?;
-    let (info, endpoint, slot) = device
-        .server_handshake(&mut stream, peer, config, policy)
-        .await?;
-    Ok(start(
-        device,
-        stream,
-        peer.to_string(),
-        config.clone(),
-        info,
-        endpoint,
-        slot,
-    ))
+    fn rejected(&self) -> &Arc<AtomicU64> {
+        &self.rejected
+    }
+
+    async fn accept_one(
+        &self,
+        mut stream: TcpStream,
+        peer: &str,
+        config: &ConnConfig,
+        policy: &AcceptPolicy,
+    ) -> Result<SoftConnection> {
+        let (info, endpoint, slot) = self
+            .server_handshake(&mut stream, peer, config, policy)
+            .await?;
+        Ok(start(
+            self,
+            stream,
+            peer.to_string(),
+            config.clone(),
+            info,
+            endpoint,
+            slot,
+        ))
+    }
 }
 
 pub(crate) async fn connect(

@@ -61,24 +61,9 @@ impl BenchConfig {
         if self.endpoints.is_empty() {
             return Err("--endpoints: none given".into());
         }
-        if !(1..=MAX_CLIENTS).contains(&self.clients) {
-            return Err(format!(
-                "--clients {} is not in 1..={MAX_CLIENTS}",
-                self.clients
-            ));
-        }
-        if !(1..=MAX_RECORD_BYTES).contains(&self.size) {
-            return Err(format!(
-                "--size {} is not in 1..={MAX_RECORD_BYTES}",
-                self.size
-            ));
-        }
-        if !(1..=MAX_BATCH_RECORDS).contains(&self.batch) {
-            return Err(format!(
-                "--batch {} is not in 1..={MAX_BATCH_RECORDS}",
-                self.batch
-            ));
-        }
+        count_in_bounds("--clients", self.clients, MAX_CLIENTS)?;
+        count_in_bounds("--size", self.size, MAX_RECORD_BYTES)?;
+        count_in_bounds("--batch", self.batch, MAX_BATCH_RECORDS)?;
         if self.size.saturating_mul(self.batch) > MAX_APPEND_BYTES {
             return Err(format!(
                 "--size {} x --batch {} exceeds {} bytes per append",
@@ -92,6 +77,14 @@ impl BenchConfig {
         }
         Ok(())
     }
+}
+
+/// Checks that `flag`'s `value` is in `1..=max`.
+fn count_in_bounds(flag: &str, value: usize, max: usize) -> Result<(), String> {
+    if !(1..=max).contains(&value) {
+        return Err(format!("{flag} {value} is not in 1..={max}"));
+    }
+    Ok(())
 }
 
 /// What a run measured.
@@ -235,6 +228,29 @@ fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("constant histogram bounds are valid")
 }
 
+impl WorkerResult {
+    /// Nothing measured yet.
+    fn empty() -> WorkerResult {
+        WorkerResult {
+            latency_us: new_histogram(),
+            acknowledged: 0,
+            errors: 0,
+            retries: 0,
+            index_range: None,
+            first_error: None,
+            refused: false,
+        }
+    }
+}
+
+/// The smallest index range holding both `a` and `b`.
+fn widen(a: Option<(u64, u64)>, b: Option<(u64, u64)>) -> Option<(u64, u64)> {
+    match (a, b) {
+        (Some((lo_a, hi_a)), Some((lo_b, hi_b))) => Some((lo_a.min(lo_b), hi_a.max(hi_b))),
+        (x, None) | (None, x) => x,
+    }
+}
+
 async fn worker(
     config: Arc<BenchConfig>,
     run: u32,
@@ -243,15 +259,7 @@ async fn worker(
 ) -> WorkerResult {
     let mut client = Client::new(config.endpoints.clone(), config.per_endpoint)
         .with_deadline(config.append_deadline);
-    let mut result = WorkerResult {
-        latency_us: new_histogram(),
-        acknowledged: 0,
-        errors: 0,
-        retries: 0,
-        index_range: None,
-        first_error: None,
-        refused: false,
-    };
+    let mut result = WorkerResult::empty();
     let mut seq = 0u64;
     while !shared.stop.load(Ordering::Relaxed) {
         let records: Vec<Vec<u8>> = (0..config.batch)
@@ -281,12 +289,8 @@ async fn worker(
                 shared
                     .acknowledged
                     .fetch_add(indexes.len() as u64, Ordering::Relaxed);
-                if let (Some(lo), Some(hi)) = (indexes.iter().min(), indexes.iter().max()) {
-                    result.index_range = Some(match result.index_range {
-                        Some((a, b)) => (a.min(*lo), b.max(*hi)),
-                        None => (*lo, *hi),
-                    });
-                }
+                let answered = indexes.iter().min().zip(indexes.iter().max());
+                result.index_range = widen(result.index_range, answered.map(|(lo, hi)| (*lo, *hi)));
             }
             Err(e) => {
                 result.errors += 1;
@@ -469,15 +473,7 @@ async fn show_progress(config: &BenchConfig, shared: &Shared, started: Instant, 
 async fn merge(
     workers: Vec<tokio::task::JoinHandle<WorkerResult>>,
 ) -> Result<WorkerResult, String> {
-    let mut total = WorkerResult {
-        latency_us: new_histogram(),
-        acknowledged: 0,
-        errors: 0,
-        retries: 0,
-        index_range: None,
-        first_error: None,
-        refused: false,
-    };
+    let mut total = WorkerResult::empty();
     for w in workers {
         let r = w.await.map_err(|e| format!("a bench client failed: {e}"))?;
         total
@@ -488,10 +484,7 @@ async fn merge(
         total.errors += r.errors;
         total.retries += r.retries;
         total.refused |= r.refused;
-        total.index_range = match (total.index_range, r.index_range) {
-            (Some((a, b)), Some((c, d))) => Some((a.min(c), b.max(d))),
-            (x, None) | (None, x) => x,
-        };
+        total.index_range = widen(total.index_range, r.index_range);
         if total.first_error.is_none() {
             total.first_error = r.first_error;
         }

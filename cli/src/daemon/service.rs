@@ -82,6 +82,21 @@ fn consistency(value: i32) -> Result<ReadConsistency, Status> {
     }
 }
 
+/// The answer to a membership request: the members after it.
+fn members_response(node: &Node) -> Response<MembersResponse> {
+    Response::new(MembersResponse {
+        members: members_of(node),
+    })
+}
+
+/// The node's view if it leads. Membership requests are checked against
+/// it here, not by Raft: Raft's refusal maps to a status that clients
+/// retry until their deadline. Only the leader's membership is current (a
+/// follower sends the client on to the leader).
+fn leading(node: &Node) -> Option<ringraft::Status> {
+    Some(node.status()).filter(|s| s.state == "Leader")
+}
+
 fn members_of(node: &Node) -> Vec<Member> {
     let s = node.status();
     s.members
@@ -301,9 +316,7 @@ impl Log for LogService {
         &self,
         _: Request<MembersRequest>,
     ) -> Result<Response<MembersResponse>, Status> {
-        Ok(Response::new(MembersResponse {
-            members: members_of(&self.node),
-        }))
+        Ok(members_response(&self.node))
     }
 
     async fn add_learner(
@@ -324,9 +337,7 @@ impl Log for LogService {
             .add_learner(req.id, req.addr)
             .await
             .map_err(status)?;
-        Ok(Response::new(MembersResponse {
-            members: members_of(&self.node),
-        }))
+        Ok(members_response(&self.node))
     }
 
     async fn promote(
@@ -334,11 +345,7 @@ impl Log for LogService {
         request: Request<PromoteRequest>,
     ) -> Result<Response<MembersResponse>, Status> {
         let ids: std::collections::BTreeSet<u64> = request.into_inner().ids.into_iter().collect();
-        // Refused here, not by Raft: its refusal maps to a status that
-        // clients retry until their deadline. Only the leader's membership
-        // is current (a follower sends the client on to the leader).
-        let s = self.node.status();
-        if s.state == "Leader"
+        if let Some(s) = leading(&self.node)
             && let Some(id) = ids.iter().find(|id| !s.members.contains_key(id))
         {
             return Err(Status::invalid_argument(format!(
@@ -346,9 +353,7 @@ impl Log for LogService {
             )));
         }
         self.node.promote(ids).await.map_err(status)?;
-        Ok(Response::new(MembersResponse {
-            members: members_of(&self.node),
-        }))
+        Ok(members_response(&self.node))
     }
 
     async fn remove(
@@ -356,19 +361,13 @@ impl Log for LogService {
         request: Request<RemoveRequest>,
     ) -> Result<Response<MembersResponse>, Status> {
         let ids: std::collections::BTreeSet<u64> = request.into_inner().ids.into_iter().collect();
-        // Refused here, not by Raft: its refusal maps to a status that
-        // clients retry until their deadline. Only the leader's membership
-        // is current (a follower sends the client on to the leader).
-        let s = self.node.status();
-        if s.state == "Leader" && s.voters.is_subset(&ids) {
+        if leading(&self.node).is_some_and(|s| s.voters.is_subset(&ids)) {
             return Err(Status::invalid_argument(
                 "removing every voter would leave the cluster without a voter",
             ));
         }
         self.node.remove(ids).await.map_err(status)?;
-        Ok(Response::new(MembersResponse {
-            members: members_of(&self.node),
-        }))
+        Ok(members_response(&self.node))
     }
 
     async fn transfer_leader(

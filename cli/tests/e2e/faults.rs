@@ -3,7 +3,7 @@
 //! leader; every acknowledged record once, in order (the Jepsen checker's
 //! verdict on the history each test records).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -54,15 +54,7 @@ fn append_read_follow() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let stdout = follower.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
+    let rx = printed_lines(follower.stdout.take().unwrap());
     let mut seen = Vec::new();
     let next_line = || {
         rx.recv_timeout(Duration::from_secs(120))
@@ -84,20 +76,6 @@ fn append_read_follow() {
     for key in ["leader_id", "term", "commit_index", "members"] {
         assert!(s.get(key).is_some(), "status lacks {key}: {s}");
     }
-}
-
-/// The lines the appender printed (one index per acknowledged record), sent
-/// on as they arrive.
-fn printed_lines(stdout: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    rx
 }
 
 #[test]
@@ -240,10 +218,7 @@ fn a_paused_leader_resumes_without_divergence() {
         c.stop(id);
     }
     for id in c.ids() {
-        let out = Command::new(BIN)
-            .args(["wal", "check", "--data-dir", c.dir(id).to_str().unwrap()])
-            .output()
-            .unwrap();
+        let out = wal("check", &c.dir(id));
         assert!(
             out.status.success(),
             "wal check on node {id}: {}",

@@ -8,9 +8,10 @@
 //! judges a history itself (the checker does).
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{ChildStdout, Command, Output, Stdio};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use ringraft_checker::history::{Consistency, FinalRecord, ReadRecord};
@@ -609,6 +610,28 @@ pub(crate) fn rings_in(dir: &std::path::Path) -> Vec<String> {
         .collect();
     names.sort();
     names
+}
+
+/// The lines a child prints on `stdout`, sent on as they arrive (by a
+/// thread that ends with the stream or when the receiver is dropped).
+pub(crate) fn printed_lines(stdout: ChildStdout) -> Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Runs `ringraft wal <command> --data-dir <data_dir>` to completion.
+pub(crate) fn wal(command: &str, data_dir: &Path) -> Output {
+    Command::new(BIN)
+        .args(["wal", command, "--data-dir", data_dir.to_str().unwrap()])
+        .output()
+        .unwrap()
 }
 
 /// Fails the test with the command's stderr unless it succeeded.

@@ -1,7 +1,6 @@
 //! The log as the data: a client's records keep their order, rings live in
 //! the ring dir and go with their data dir, trim and retention, a full disk.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::harness::*;
@@ -78,10 +77,7 @@ fn rings_live_in_the_ring_dir_and_go_with_their_data_dir() {
     for id in c.ids() {
         let dir = c.dir(id);
         assert!(rings_in(&dir).is_empty() && !dir.join("ring").exists());
-        let out = Command::new(BIN)
-            .args(["wal", "check", "--data-dir", dir.to_str().unwrap()])
-            .output()
-            .unwrap();
+        let out = wal("check", &dir);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "wal check on node {id}: {stdout}");
         assert!(
@@ -92,15 +88,7 @@ fn rings_live_in_the_ring_dir_and_go_with_their_data_dir() {
     let ring_of = |id: u64| ringraft_wal::ring_path(&c.dir(id)).unwrap();
     let (ring1, ring2, ring3) = (ring_of(1), ring_of(2), ring_of(3));
 
-    let out = Command::new(BIN)
-        .args(["wal", "remove", "--data-dir", c.dir(1).to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&wal("remove", &c.dir(1)));
     assert!(!c.dir(1).exists() && !ring1.exists());
 
     std::fs::remove_dir_all(c.dir(2)).unwrap();

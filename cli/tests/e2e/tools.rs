@@ -2,7 +2,6 @@
 //! appended; `ringraft demo` passes, and leaves nothing running when it
 //! ends or is interrupted.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -180,15 +179,7 @@ fn an_interrupted_demo_stops_its_nodes() {
         .spawn()
         .unwrap();
     // Interrupt it once the nodes run.
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
+    let rx = printed_lines(child.stdout.take().unwrap());
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());

@@ -19,10 +19,8 @@ pub struct Loopback;
 /// A free TCP port on 127.0.0.1 (bound and released: another process could
 /// take it in between, which a test then reports as a failed start).
 fn loopback_addr() -> Result<String> {
-    ringraft_testkit::ports::loopback_addr().map_err(|e| SubstrateError::Command {
-        what: "find a free port on 127.0.0.1".into(),
-        detail: e.to_string(),
-    })
+    ringraft_testkit::ports::loopback_addr()
+        .map_err(|e| SubstrateError::command("find a free port on 127.0.0.1", e.to_string()))
 }
 
 impl Local {

@@ -11,6 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use ringraft_testkit::process::ProcessError;
+
 pub mod local;
 pub mod netns;
 pub mod process;
@@ -19,22 +21,6 @@ pub mod softroce;
 /// Why a substrate operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SubstrateError {
-    /// A command the substrate ran failed.
-    #[error("{what}: {detail}")]
-    Command {
-        /// What was being done.
-        what: String,
-        /// Its output or status.
-        detail: String,
-    },
-    /// A file operation failed.
-    #[error("{}: {source}", path.display())]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
     /// The substrate cannot do this (e.g. partitions on `local`).
     #[error("the {substrate} substrate cannot {what}")]
     Unsupported {
@@ -43,17 +29,41 @@ pub enum SubstrateError {
         /// The operation.
         what: &'static str,
     },
-    /// A node id that is not part of the cluster, or in the wrong state.
-    #[error("node {node}: {why}")]
-    Node {
-        /// The node.
-        node: u64,
-        /// What is wrong.
-        why: String,
-    },
-    /// A node process could not be started, signalled or read.
+    /// A command or a file operation failed, or a node id is not part of
+    /// the cluster or in the wrong state: the failures a substrate shares
+    /// with the node processes it runs (testkit's [`ProcessError`]).
     #[error(transparent)]
-    Process(#[from] ringraft_testkit::process::ProcessError),
+    Process(#[from] ProcessError),
+}
+
+impl SubstrateError {
+    /// A command failed: `what` was being done, `detail` its output or
+    /// status.
+    pub(crate) fn command(what: impl Into<String>, detail: impl Into<String>) -> SubstrateError {
+        ProcessError::Command {
+            what: what.into(),
+            detail: detail.into(),
+        }
+        .into()
+    }
+
+    /// Node `node` is not part of the cluster, or in the wrong state.
+    pub(crate) fn node(node: u64, why: impl Into<String>) -> SubstrateError {
+        ProcessError::Node {
+            node,
+            why: why.into(),
+        }
+        .into()
+    }
+
+    /// A file operation on `path` failed.
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> SubstrateError {
+        ProcessError::Io {
+            path: path.into(),
+            source,
+        }
+        .into()
+    }
 }
 
 /// Shorthand.
@@ -204,20 +214,19 @@ pub trait Substrate: Send + Sync {
 
 /// Runs a command, failing with its output when it does not succeed.
 pub(crate) fn run_cmd(what: &str, cmd: &mut std::process::Command) -> Result<String> {
-    let out = cmd.output().map_err(|e| SubstrateError::Command {
-        what: what.to_string(),
-        detail: e.to_string(),
-    })?;
+    let out = cmd
+        .output()
+        .map_err(|e| SubstrateError::command(what, e.to_string()))?;
     if !out.status.success() {
-        return Err(SubstrateError::Command {
-            what: what.to_string(),
-            detail: format!(
+        return Err(SubstrateError::command(
+            what,
+            format!(
                 "{}: {}{}",
                 out.status,
                 String::from_utf8_lossy(&out.stdout).trim(),
                 String::from_utf8_lossy(&out.stderr).trim()
             ),
-        });
+        ));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

@@ -55,10 +55,10 @@ fn free_subnet(tag: &str) -> Result<u8> {
             return Ok(octet);
         }
     }
-    Err(SubstrateError::Command {
-        what: "find a free subnet in 10.79.0.0/16".into(),
-        detail: "every /24 is in use".into(),
-    })
+    Err(SubstrateError::command(
+        "find a free subnet in 10.79.0.0/16",
+        "every /24 is in use",
+    ))
 }
 
 impl Netns {
@@ -155,10 +155,7 @@ impl Namespaces {
         if self.namespaces.contains_key(&id) {
             Ok(())
         } else {
-            Err(SubstrateError::Node {
-                node: id,
-                why: "not a node of this cluster".into(),
-            })
+            Err(SubstrateError::node(id, "not a node of this cluster"))
         }
     }
 }
@@ -222,10 +219,7 @@ impl Network for Namespaces {
         if errors.is_empty() {
             Ok(())
         } else {
-            Err(SubstrateError::Command {
-                what: "netns teardown".into(),
-                detail: errors.join("; "),
-            })
+            Err(SubstrateError::command("netns teardown", errors.join("; ")))
         }
     }
 }

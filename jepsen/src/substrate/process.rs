@@ -131,16 +131,14 @@ impl<N: Network> Substrate for OnProcesses<N> {
     }
     fn damage_tail(&self, id: u64, damage: TailDamage, seed: u64) -> Result<String> {
         if self.cluster.is_running(id) {
-            return Err(SubstrateError::Node {
-                node: id,
-                why: "still running: only a stopped node's ring may be damaged".into(),
-            });
+            return Err(SubstrateError::node(
+                id,
+                "still running: only a stopped node's ring may be damaged",
+            ));
         }
         let dir = &self.cluster.place(id)?.data_dir;
-        crate::tail::damage_tail(dir, damage, seed).map_err(|e| SubstrateError::Command {
-            what: format!("damage the tail of node {id}'s ring"),
-            detail: e,
-        })
+        crate::tail::damage_tail(dir, damage, seed)
+            .map_err(|e| SubstrateError::command(format!("damage the tail of node {id}'s ring"), e))
     }
     fn wal_check(&self, id: u64) -> Result<WalCheck> {
         let (status, output) = self.cluster.wal_check(id)?;

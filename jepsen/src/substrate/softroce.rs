@@ -131,9 +131,11 @@ impl SoftRoce {
         let lab_run = out
             .lines()
             .find_map(|l| l.strip_prefix("LAB_RUN="))
-            .ok_or_else(|| SubstrateError::Command {
-                what: "lab.sh start multi".into(),
-                detail: format!("no LAB_RUN= line in its output: {out}"),
+            .ok_or_else(|| {
+                SubstrateError::command(
+                    "lab.sh start multi",
+                    format!("no LAB_RUN= line in its output: {out}"),
+                )
             })?
             .trim()
             .to_string();
@@ -185,6 +187,22 @@ impl SoftRoce {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, running);
+    }
+
+    /// Ends node `id`'s daemon: `signals` (a shell command on its pid,
+    /// `$p`), then waits until it is gone and forgets its pid. Nothing to
+    /// do when it has no pid file.
+    fn end_daemon(&self, id: u64, signals: &str) -> Result<()> {
+        let dir = guest_dir(id);
+        self.exec(
+            id,
+            &format!(
+                "p=$(cat {dir}/pid 2>/dev/null) || exit 0; {signals}; \
+                 while kill -0 $p 2>/dev/null; do sleep 0.1; done; rm -f {dir}/pid"
+            ),
+        )?;
+        self.set_running(id, false);
+        Ok(())
     }
 }
 
@@ -261,29 +279,15 @@ impl Substrate for SoftRoce {
         Ok(())
     }
     fn kill(&self, id: u64) -> Result<()> {
-        let dir = guest_dir(id);
-        self.exec(
-            id,
-            &format!(
-                "p=$(cat {dir}/pid 2>/dev/null) || exit 0; kill -9 $p 2>/dev/null; \
-                 while kill -0 $p 2>/dev/null; do sleep 0.1; done; rm -f {dir}/pid"
-            ),
-        )?;
-        self.set_running(id, false);
-        Ok(())
+        self.end_daemon(id, "kill -9 $p 2>/dev/null")
     }
     fn stop(&self, id: u64) -> Result<()> {
-        let dir = guest_dir(id);
-        self.exec(
+        self.end_daemon(
             id,
-            &format!(
-                "p=$(cat {dir}/pid 2>/dev/null) || exit 0; kill -CONT $p; kill -TERM $p; \
-                 for i in $(seq 100); do kill -0 $p 2>/dev/null || break; sleep 0.1; done; \
-                 kill -9 $p 2>/dev/null; while kill -0 $p 2>/dev/null; do sleep 0.1; done; rm -f {dir}/pid"
-            ),
-        )?;
-        self.set_running(id, false);
-        Ok(())
+            "kill -CONT $p; kill -TERM $p; \
+             for i in $(seq 100); do kill -0 $p 2>/dev/null || break; sleep 0.1; done; \
+             kill -9 $p 2>/dev/null",
+        )
     }
     fn is_running(&self, id: u64) -> bool {
         self.running
@@ -331,9 +335,11 @@ impl Substrate for SoftRoce {
         out.lines()
             .rev()
             .find_map(|l| l.trim().parse().ok())
-            .ok_or_else(|| SubstrateError::Command {
-                what: format!("count node {id}'s NIC refusals"),
-                detail: format!("no count in {out:?}"),
+            .ok_or_else(|| {
+                SubstrateError::command(
+                    format!("count node {id}'s NIC refusals"),
+                    format!("no count in {out:?}"),
+                )
             })
     }
     fn can_partition(&self) -> bool {
@@ -380,10 +386,10 @@ impl Substrate for SoftRoce {
     }
     fn damage_tail(&self, id: u64, damage: TailDamage, seed: u64) -> Result<String> {
         if self.is_running(id) {
-            return Err(SubstrateError::Node {
-                node: id,
-                why: "still running: only a stopped node's ring may be damaged".into(),
-            });
+            return Err(SubstrateError::node(
+                id,
+                "still running: only a stopped node's ring may be damaged",
+            ));
         }
         self.exec(
             id,
@@ -411,14 +417,11 @@ impl Substrate for SoftRoce {
         Ok(WalCheck { status, output })
     }
     fn collect_logs(&self, dir: &Path) -> Result<()> {
-        std::fs::create_dir_all(dir).map_err(|source| SubstrateError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        std::fs::create_dir_all(dir).map_err(|source| SubstrateError::io(dir, source))?;
         for &id in &self.spec.nodes {
             let log = self.exec(id, &format!("cat {}/serve.log", guest_dir(id)))?;
             let to = dir.join(format!("n{id}.log"));
-            std::fs::write(&to, log).map_err(|source| SubstrateError::Io { path: to, source })?;
+            std::fs::write(&to, log).map_err(|source| SubstrateError::io(to, source))?;
         }
         Ok(())
     }
@@ -444,6 +447,7 @@ impl Drop for SoftRoce {
 mod tests {
     use std::io::{BufRead, BufReader, Write};
     use std::net::TcpListener;
+    use std::path::{Path, PathBuf};
     use std::process::{Child, Command};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -541,12 +545,19 @@ mod tests {
         }
     }
 
+    /// A `sleep 60` child and a file in `dir` that holds its pid, as a
+    /// guest's pid file holds the daemon's.
+    fn sleeper(dir: &Path) -> (Child, PathBuf) {
+        let child = Command::new("sleep").arg("60").spawn().unwrap();
+        let pid_file = dir.join("pid");
+        std::fs::write(&pid_file, child.id().to_string()).unwrap();
+        (child, pid_file)
+    }
+
     #[test]
     fn the_freeze_watcher_stops_the_process_once_enough_proposals_are_in_flight() {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new("sleep").arg("60").spawn().unwrap();
-        let pid_file = dir.path().join("pid");
-        std::fs::write(&pid_file, child.id().to_string()).unwrap();
+        let (mut child, pid_file) = sleeper(dir.path());
         let in_flight = Arc::new(AtomicU64::new(3));
         let addr = metrics_server(in_flight.clone());
         let pid_file = pid_file.display().to_string();
@@ -588,9 +599,7 @@ mod tests {
     #[test]
     fn the_freeze_watcher_polls_once_even_when_started_after_its_bound() {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new("sleep").arg("60").spawn().unwrap();
-        let pid_file = dir.path().join("pid");
-        std::fs::write(&pid_file, child.id().to_string()).unwrap();
+        let (mut child, pid_file) = sleeper(dir.path());
         let addr = metrics_server(Arc::new(AtomicU64::new(8)));
         let script = freeze_watch_script(
             &pid_file.display().to_string(),

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use openraft::OptionalSend;
 use openraft::SnapshotPolicy;
-use openraft::error::{RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::error::{RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
@@ -151,6 +151,12 @@ pub(crate) fn unreachable(e: impl std::fmt::Display) -> Unreachable<TypeConfig> 
     Unreachable::new(&Message(e.to_string()))
 }
 
+/// A call the target's `Raft` refused: to the caller, the peer is
+/// unreachable.
+fn rpc_error(e: impl std::fmt::Display) -> RPCError<TypeConfig> {
+    RPCError::Unreachable(unreachable(e))
+}
+
 impl DirectPeer {
     fn raft(&self) -> Result<Raft, Unreachable<TypeConfig>> {
         self.registry
@@ -181,10 +187,7 @@ impl RaftNetworkV2<TypeConfig> for DirectPeer {
         rpc: AppendEntriesRequest<TypeConfig>,
         _option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let raft = self.raft()?;
-        raft.append_entries(rpc)
-            .await
-            .map_err(|e: RaftError<TypeConfig>| RPCError::Unreachable(unreachable(e)))
+        self.raft()?.append_entries(rpc).await.map_err(rpc_error)
     }
 
     async fn vote(
@@ -192,10 +195,7 @@ impl RaftNetworkV2<TypeConfig> for DirectPeer {
         rpc: VoteRequest<TypeConfig>,
         _option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let raft = self.raft()?;
-        raft.vote(rpc)
-            .await
-            .map_err(|e| RPCError::Unreachable(unreachable(e)))
+        self.raft()?.vote(rpc).await.map_err(rpc_error)
     }
 
     async fn pre_vote(
@@ -203,10 +203,7 @@ impl RaftNetworkV2<TypeConfig> for DirectPeer {
         rpc: VoteRequest<TypeConfig>,
         _option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let raft = self.raft()?;
-        raft.pre_vote(rpc)
-            .await
-            .map_err(|e| RPCError::Unreachable(unreachable(e)))
+        self.raft()?.pre_vote(rpc).await.map_err(rpc_error)
     }
 
     async fn full_snapshot(
@@ -230,10 +227,10 @@ impl RaftNetworkV2<TypeConfig> for DirectPeer {
         req: TransferLeaderRequest<TypeConfig>,
         _option: RPCOption,
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let raft = self.raft()?;
-        raft.handle_transfer_leader(req)
+        self.raft()?
+            .handle_transfer_leader(req)
             .await
-            .map_err(|e| RPCError::Unreachable(unreachable(e)))
+            .map_err(rpc_error)
     }
 }
 

@@ -12,60 +12,39 @@ pub(super) async fn out_of_bounds<P: Peer>(c: &mut Ctx<'_, P>) -> CheckResult {
     let conn = c.connect(suite_config()).await?;
     let beyond = crate::types::RemoteAddr {
         addr: r.addr + 4096 - 4,
-        rkey: r.rkey,
+        ..r.start()
     };
     let result = conn.write(beyond, &[0xEE; 8]).await;
-    expect_wc("WRITE across the end", result, |e| {
-        e == WcError::RemoteAccess
-    })?;
-    ensure(
-        c.peer
-            .read_local("mem", 0, 4096)
-            .await?
-            .iter()
-            .all(|b| *b == 0),
-        "a refused WRITE changed memory",
-    )?;
+    expect_remote_access("WRITE across the end", result)?;
+    c.still_zero("mem", 0, 4096, "a refused WRITE changed memory")
+        .await?;
     let conn = c.connect(suite_config()).await?;
     let before = crate::types::RemoteAddr {
         addr: r.addr - 8,
-        rkey: r.rkey,
+        ..r.start()
     };
-    expect_wc("READ before the start", conn.read(before, 16).await, |e| {
-        e == WcError::RemoteAccess
-    })?;
+    expect_remote_access("READ before the start", conn.read(before, 16).await)?;
     let conn = c.connect(suite_config()).await?;
     let cas = crate::types::RemoteAddr {
         addr: r.addr + 4096,
-        rkey: r.rkey,
+        ..r.start()
     };
-    expect_wc(
-        "CAS past the end",
-        conn.compare_swap(cas, 0, 1).await,
-        |e| e == WcError::RemoteAccess,
-    )
+    expect_remote_access("CAS past the end", conn.compare_swap(cas, 0, 1).await)
 }
 
 pub(super) async fn wrong_rkey<P: Peer>(c: &mut Ctx<'_, P>) -> CheckResult {
     let r = c.peer.setup(&[spec("mem", 4096, RW)]).await?[0];
     let conn = c.connect(suite_config()).await?;
     let bad = crate::types::RemoteAddr {
-        addr: r.addr,
         rkey: r.rkey ^ 0x5a5a_0000,
+        ..r.start()
     };
-    expect_wc(
+    expect_remote_access(
         "WRITE with a wrong rkey",
         conn.write(bad, &[0xEE; 64]).await,
-        |e| e == WcError::RemoteAccess,
     )?;
-    ensure(
-        c.peer
-            .read_local("mem", 0, 64)
-            .await?
-            .iter()
-            .all(|b| *b == 0),
-        "a refused WRITE changed memory",
-    )?;
+    c.still_zero("mem", 0, 64, "a refused WRITE changed memory")
+        .await?;
     ensure(
         conn.error().is_some() || conn.post_send(b"x").is_err(),
         "connection not in error after a remote access error",
@@ -82,31 +61,22 @@ pub(super) async fn missing_permission<P: Peer>(c: &mut Ctx<'_, P>) -> CheckResu
         .await?;
     let (ro, wo) = (rs[0], rs[1]);
     let conn = c.connect(suite_config()).await?;
-    expect_wc(
+    expect_remote_access(
         "WRITE to a read-only region",
         conn.write(ro.start(), &[1; 8]).await,
-        |e| e == WcError::RemoteAccess,
     )?;
     let conn = c.connect(suite_config()).await?;
-    expect_wc(
+    expect_remote_access(
         "READ of a write-only region",
         conn.read(wo.start(), 8).await,
-        |e| e == WcError::RemoteAccess,
     )?;
     let conn = c.connect(suite_config()).await?;
-    expect_wc(
+    expect_remote_access(
         "CAS on a region without REMOTE_ATOMIC",
         conn.compare_swap(wo.start(), 0, 1).await,
-        |e| e == WcError::RemoteAccess,
     )?;
-    ensure(
-        c.peer
-            .read_local("ro", 0, 64)
-            .await?
-            .iter()
-            .all(|b| *b == 0),
-        "refused access changed memory",
-    )
+    c.still_zero("ro", 0, 64, "refused access changed memory")
+        .await
 }
 
 pub(super) async fn rotation<P: Peer>(c: &mut Ctx<'_, P>) -> CheckResult {
@@ -121,15 +91,11 @@ pub(super) async fn rotation<P: Peer>(c: &mut Ctx<'_, P>) -> CheckResult {
         new.addr == old.addr && new.len == old.len,
         "rotation moved the region",
     )?;
-    expect_wc(
+    expect_remote_access(
         "WRITE with the revoked rkey",
         conn.write(old.at(64, 5).ok_or("address")?, b"stale").await,
-        |e| e == WcError::RemoteAccess,
     )?;
-    ensure(
-        c.peer.read_local("mem", 64, 5).await? == [0; 5],
-        "a revoked rkey wrote",
-    )?;
+    c.still_zero("mem", 64, 5, "a revoked rkey wrote").await?;
     let conn = c.connect(suite_config()).await?;
     conn.write(new.at(64, 5).ok_or("address")?, b"fresh")
         .await
@@ -160,8 +126,5 @@ pub(super) async fn dropped_write<P: Peer>(c: &mut Ctx<'_, P>) -> CheckResult {
     expect_wc("WRITE after REMOTE_WRITE was dropped", result, |e| {
         e.is_access_denied()
     })?;
-    ensure(
-        c.peer.read_local("mem", 100, 6).await? == [0; 6],
-        "a refused WRITE landed",
-    )
+    c.still_zero("mem", 100, 6, "a refused WRITE landed").await
 }

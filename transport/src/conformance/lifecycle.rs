@@ -112,8 +112,8 @@ pub(super) async fn reconnect<P: Peer>(c: &mut Ctx<'_, P>) -> CheckResult {
     let r = c.peer.setup(&[spec("mem", 4096, RW)]).await?[0];
     let conn = c.connect(suite_config()).await?;
     let bad = crate::types::RemoteAddr {
-        addr: r.addr,
         rkey: r.rkey ^ 1,
+        ..r.start()
     };
     let _ = conn.write(bad, b"x").await;
     ensure(

@@ -132,6 +132,13 @@ impl<P: Peer> Ctx<'_, P> {
         self.peer.accepted().await?;
         Ok(conn)
     }
+
+    /// Checks that the `len` bytes at `offset` of B's region `name` are
+    /// all still zero (nothing refused landed); `what` when they are not.
+    async fn still_zero(&mut self, name: &str, offset: u32, len: u32, what: &str) -> CheckResult {
+        let bytes = self.peer.read_local(name, offset, len).await?;
+        ensure(bytes == vec![0; len as usize], what)
+    }
 }
 
 fn expect_wc<T: std::fmt::Debug>(
@@ -145,6 +152,14 @@ fn expect_wc<T: std::fmt::Debug>(
             "{what}: expected a completion error, got {other:?}"
         )),
     }
+}
+
+/// [`expect_wc`] for the error of a bad rkey, bounds or permission.
+fn expect_remote_access<T: std::fmt::Debug>(
+    what: &str,
+    result: Result<T, TransportError>,
+) -> CheckResult {
+    expect_wc(what, result, |e| e == WcError::RemoteAccess)
 }
 
 fn ensure(cond: bool, what: impl Into<String>) -> CheckResult {

@@ -27,11 +27,10 @@
 //! the `tcp` backend).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
 
 use super::conn::{QpResources, RdmaConnection};
 use super::device::RdmaDevice;
@@ -45,151 +44,97 @@ use crate::types::{Backend, ConnConfig};
 /// The byte a client sends once its queue pair is in RTS.
 const READY: u8 = 0x52;
 
-/// Accepts authenticated RDMA connections.
-pub struct RdmaListener {
-    incoming: mpsc::Receiver<RdmaConnection>,
-    local_addr: String,
-    rejected: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
-}
+/// Accepts authenticated RDMA connections: `accept` yields each once both
+/// queue pairs are in RTS; failed attempts (bad secret, garbage, timeout, a
+/// limit, the policy's refusal, queue pair setup) count in `rejected` on
+/// any listener of the device, as the tcp backend counts them.
+pub type RdmaListener = bootstrap::Listener<RdmaConnection>;
 
-impl std::fmt::Debug for RdmaListener {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RdmaListener")
-            .field("local_addr", &self.local_addr)
-            .finish()
-    }
-}
+/// The rdma backend's side of a bootstrap stream: the handshake, the
+/// queue pair brought up, then the client's ready byte.
+impl bootstrap::Accept for RdmaDevice {
+    type Connection = RdmaConnection;
+    const REJECTED_WHAT: &'static str = "rdma connection attempt rejected";
 
-impl RdmaListener {
-    /// The next authenticated connection (both queue pairs in RTS); `None`
-    /// once the listener stopped.
-    pub async fn accept(&mut self) -> Option<RdmaConnection> {
-        self.incoming.recv().await
+    fn rejected(&self) -> &Arc<AtomicU64> {
+        &self.rejected
     }
 
-    /// The bootstrap address clients connect to.
-    pub fn local_addr(&self) -> String {
-        self.local_addr.clone()
-    }
-
-    /// Connection attempts that failed (bad secret, garbage, timeout, a
-    /// limit, the policy's refusal, queue pair setup) so far, on any
-    /// listener of the device (as the tcp backend counts them).
-    pub fn rejected(&self) -> u64 {
-        self.rejected.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for RdmaListener {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-pub(crate) async fn listen(
-    device: Arc<RdmaDevice>,
-    addr: &str,
-    config: ConnConfig,
-    policy: AcceptPolicy,
-) -> Result<RdmaListener> {
-    let rejected = device.rejected.clone();
-    let accepting = bootstrap::listen(
-        addr,
-        rejected.clone(),
-        "rdma connection attempt rejected",
-        move |stream, peer| {
-            let (device, config, policy) = (device.clone(), config.clone(), policy.clone());
-            async move { accept_one(stream, &device, &peer, &config, &policy).await }
-        },
-    )
-    .await?;
-    Ok(RdmaListener {
-        incoming: accepting.incoming,
-        local_addr: accepting.local_addr,
-        rejected,
-        task: accepting.task,
-    })
-}
-
-async fn accept_one(
-    mut stream: TcpStream,
-    device: &RdmaDevice,
-    peer: &str,
-    config: &ConnConfig,
-    policy: &AcceptPolicy,
-) -> Result<RdmaConnection> {
-    bootstrap::no_delay(&stream)?;
-    let local_ip = stream.local_addr().ok().map(|a| a.ip());
-    let accepted = handshake::server(
-        &mut stream,
-        peer,
-        &device.config.secret,
-        Backend::Rdma,
-        device.config.node_id,
-        config.handshake_timeout,
-    )
-    .await?;
-    let theirs = match QpEndpoint::decode(&accepted.peer.reveal.endpoint, peer) {
-        Ok(e) => e,
-        Err(e) => return Err(accepted.refuse(&mut stream, peer, e.to_string()).await),
-    };
-    let slot = match device.reserve_connection() {
-        Ok(slot) => slot,
-        Err(e) => return Err(accepted.refuse(&mut stream, peer, e.to_string()).await),
-    };
-    let app_data = match policy(&accepted.peer) {
-        Ok(data) => data,
-        Err(reason) => return Err(accepted.refuse(&mut stream, peer, reason).await),
-    };
-    let resources = match QpResources::create(device, config, local_ip, slot)
-        .and_then(|r| r.bring_up(&theirs, config).map(|()| r))
-    {
-        Ok(r) => r,
-        Err(e) => {
-            return Err(accepted
-                .refuse(&mut stream, peer, format!("queue pair setup failed: {e}"))
-                .await);
-        }
-    };
-    accepted
-        .answer(
+    async fn accept_one(
+        &self,
+        mut stream: TcpStream,
+        peer: &str,
+        config: &ConnConfig,
+        policy: &AcceptPolicy,
+    ) -> Result<RdmaConnection> {
+        let local_ip = stream.local_addr().ok().map(|a| a.ip());
+        let accepted = handshake::server(
             &mut stream,
             peer,
-            Reveal {
-                endpoint: resources.endpoint().encode(),
-                app_data,
-            },
+            &self.config.secret,
+            Backend::Rdma,
+            self.config.node_id,
+            config.handshake_timeout,
         )
         .await?;
-    let mut ready = [0u8; 1];
-    match tokio::time::timeout(config.handshake_timeout, stream.read_exact(&mut ready)).await {
-        Ok(Ok(_)) if ready[0] == READY => {}
-        Ok(Ok(_)) => {
-            return Err(TransportError::Protocol {
-                peer: peer.to_string(),
-                reason: format!("expected the ready byte, got {:#x}", ready[0]),
-            });
+        let (theirs, slot, app_data) = accepted
+            .admit(
+                &mut stream,
+                peer,
+                QpEndpoint::decode,
+                || self.reserve_connection(),
+                policy,
+            )
+            .await?;
+        let resources = match QpResources::create(self, config, local_ip, slot)
+            .and_then(|r| r.bring_up(&theirs, config).map(|()| r))
+        {
+            Ok(r) => r,
+            Err(e) => {
+                return Err(accepted
+                    .refuse(&mut stream, peer, format!("queue pair setup failed: {e}"))
+                    .await);
+            }
+        };
+        accepted
+            .answer(
+                &mut stream,
+                peer,
+                Reveal {
+                    endpoint: resources.endpoint().encode(),
+                    app_data,
+                },
+            )
+            .await?;
+        let mut ready = [0u8; 1];
+        match tokio::time::timeout(config.handshake_timeout, stream.read_exact(&mut ready)).await {
+            Ok(Ok(_)) if ready[0] == READY => {}
+            Ok(Ok(_)) => {
+                return Err(TransportError::Protocol {
+                    peer: peer.to_string(),
+                    reason: format!("expected the ready byte, got {:#x}", ready[0]),
+                });
+            }
+            Ok(Err(e)) => {
+                return Err(TransportError::io(format!(
+                    "waiting for {peer} to be ready"
+                ))(e));
+            }
+            Err(_) => {
+                return Err(TransportError::Timeout {
+                    what: format!("{peer} bringing its queue pair up"),
+                    after_ms: config.handshake_timeout.as_millis() as u64,
+                });
+            }
         }
-        Ok(Err(e)) => {
-            return Err(TransportError::io(format!(
-                "waiting for {peer} to be ready"
-            ))(e));
-        }
-        Err(_) => {
-            return Err(TransportError::Timeout {
-                what: format!("{peer} bringing its queue pair up"),
-                after_ms: config.handshake_timeout.as_millis() as u64,
-            });
-        }
+        RdmaConnection::start(
+            resources,
+            config.clone(),
+            peer.to_string(),
+            accepted.peer,
+            stream,
+        )
     }
-    RdmaConnection::start(
-        resources,
-        config.clone(),
-        peer.to_string(),
-        accepted.peer,
-        stream,
-    )
 }
 
 pub(crate) async fn connect(

@@ -6,7 +6,7 @@
 //! sysfs is only read for a candidate's GID type and for the port counters.
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::{Arc, Mutex};
 
 use rdma_sys::{ibv_atomic_cap, ibv_port_state};
@@ -16,6 +16,7 @@ use super::mr::{AccessFlags, MemoryRegistration};
 use super::pd::ProtectionDomain;
 use crate::api::{AcceptPolicy, DeviceConfig};
 use crate::error::{Result, TransportError};
+use crate::limits::ConnSlot;
 use crate::types::{Access, AtomicCapability, ConnConfig};
 
 /// GID table entries looked at, at most.
@@ -218,7 +219,7 @@ impl RdmaDevice {
         config: ConnConfig,
         policy: AcceptPolicy,
     ) -> Result<super::RdmaListener> {
-        super::bootstrap::listen(self, addr, config, policy).await
+        crate::bootstrap::listen(self, addr, config, policy).await
     }
 
     /// Connects to the listener at `addr`, revealing `app_data` once the
@@ -307,18 +308,7 @@ impl RdmaDevice {
 
     /// Reserves a connection slot, or fails at the device's limit.
     pub(crate) fn reserve_connection(&self) -> Result<ConnSlot> {
-        let limit = self.config.limits.max_connections;
-        self.live_connections
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < limit).then_some(n + 1)
-            })
-            .map_err(|_| TransportError::Limit {
-                what: "connections per device",
-                limit: limit as u64,
-            })?;
-        Ok(ConnSlot {
-            count: self.live_connections.clone(),
-        })
+        ConnSlot::reserve(&self.live_connections, self.config.limits.max_connections)
     }
 }
 
@@ -427,17 +417,6 @@ impl Drop for Charge {
         let mut b = self.budget.lock().unwrap_or_else(|p| p.into_inner());
         b.regions = b.regions.saturating_sub(1);
         b.bytes = b.bytes.saturating_sub(self.bytes);
-    }
-}
-
-/// A held connection slot; released when the connection's resources are.
-pub(crate) struct ConnSlot {
-    count: Arc<AtomicU32>,
-}
-
-impl Drop for ConnSlot {
-    fn drop(&mut self) {
-        self.count.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -33,25 +33,20 @@ bitflags::bitflags! {
 }
 
 impl AccessFlags {
+    /// Each API [`Access`] bit and the verbs bit it maps to.
+    const OF_ACCESS: [(Access, AccessFlags); 4] = [
+        (Access::LOCAL_WRITE, AccessFlags::LOCAL_WRITE),
+        (Access::REMOTE_WRITE, AccessFlags::REMOTE_WRITE),
+        (Access::REMOTE_READ, AccessFlags::REMOTE_READ),
+        (Access::REMOTE_ATOMIC, AccessFlags::REMOTE_ATOMIC),
+    ];
+
     /// The flags of an API [`Access`], bit by bit.
     pub(crate) fn from_access(access: Access) -> AccessFlags {
         let mut flags = AccessFlags::empty();
-        flags.set(
-            AccessFlags::LOCAL_WRITE,
-            access.contains(Access::LOCAL_WRITE),
-        );
-        flags.set(
-            AccessFlags::REMOTE_WRITE,
-            access.contains(Access::REMOTE_WRITE),
-        );
-        flags.set(
-            AccessFlags::REMOTE_READ,
-            access.contains(Access::REMOTE_READ),
-        );
-        flags.set(
-            AccessFlags::REMOTE_ATOMIC,
-            access.contains(Access::REMOTE_ATOMIC),
-        );
+        for (api, verbs) in AccessFlags::OF_ACCESS {
+            flags.set(verbs, access.contains(api));
+        }
         flags
     }
 

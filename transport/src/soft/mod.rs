@@ -10,11 +10,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::api::{AcceptPolicy, DeviceConfig};
-use crate::error::{Result, TransportError, WcError};
+use crate::error::{Result, WcError};
 use crate::handshake::{self, PeerInfo, Reveal};
+use crate::limits::ConnSlot;
 use crate::types::{Access, AtomicCapability, Backend, ConnConfig, Received};
 use crate::work::{Done, Request};
 use conn::{SoftConn, SoftEndpoint, Wire};
@@ -103,7 +104,7 @@ impl SoftDevice {
         policy: AcceptPolicy,
     ) -> Result<SoftListener> {
         match self.flavor.clone() {
-            Flavor::Tcp => crate::tcp::listen(self, addr, config, policy).await,
+            Flavor::Tcp => crate::bootstrap::listen(self, addr, config, policy).await,
             Flavor::Inproc { fabric, .. } => fabric.listen(self, addr, config, policy),
         }
     }
@@ -122,29 +123,7 @@ impl SoftDevice {
 
     /// Reserves a connection slot, or fails at the device's limit.
     pub(crate) fn reserve_connection(&self) -> Result<ConnSlot> {
-        let limit = self.config.limits.max_connections;
-        let mut current = self.live_connections.load(Ordering::Acquire);
-        loop {
-            if current >= limit {
-                return Err(TransportError::Limit {
-                    what: "connections per device",
-                    limit: limit as u64,
-                });
-            }
-            match self.live_connections.compare_exchange(
-                current,
-                current + 1,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    return Ok(ConnSlot {
-                        count: self.live_connections.clone(),
-                    });
-                }
-                Err(now) => current = now,
-            }
-        }
+        ConnSlot::reserve(&self.live_connections, self.config.limits.max_connections)
     }
 
     /// Client side of the handshake over `stream`.
@@ -191,18 +170,15 @@ impl SoftDevice {
             config.handshake_timeout,
         )
         .await?;
-        let endpoint = match SoftEndpoint::decode(&accepted.peer.reveal.endpoint, addr) {
-            Ok(e) => e,
-            Err(e) => return Err(accepted.refuse(stream, addr, e.to_string()).await),
-        };
-        let slot = match self.reserve_connection() {
-            Ok(slot) => slot,
-            Err(e) => return Err(accepted.refuse(stream, addr, e.to_string()).await),
-        };
-        let app_data = match policy(&accepted.peer) {
-            Ok(data) => data,
-            Err(reason) => return Err(accepted.refuse(stream, addr, reason).await),
-        };
+        let (endpoint, slot, app_data) = accepted
+            .admit(
+                stream,
+                addr,
+                SoftEndpoint::decode,
+                || self.reserve_connection(),
+                policy,
+            )
+            .await?;
         accepted
             .answer(
                 stream,
@@ -235,17 +211,6 @@ impl SoftDevice {
                 _slot: slot,
             }),
         }
-    }
-}
-
-/// A held connection slot; released when the connection is dropped.
-pub(crate) struct ConnSlot {
-    count: Arc<AtomicU32>,
-}
-
-impl Drop for ConnSlot {
-    fn drop(&mut self) {
-        self.count.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -332,30 +297,6 @@ impl SoftConnection {
     }
 }
 
-/// Authenticated connections, as the accept task produces them.
-pub(crate) struct SoftListener {
-    pub(crate) incoming: mpsc::Receiver<SoftConnection>,
-    pub(crate) local_addr: String,
-    pub(crate) rejected: Arc<AtomicU64>,
-    pub(crate) task: tokio::task::JoinHandle<()>,
-}
-
-impl SoftListener {
-    pub(crate) async fn accept(&mut self) -> Option<SoftConnection> {
-        self.incoming.recv().await
-    }
-
-    pub(crate) fn local_addr(&self) -> String {
-        self.local_addr.clone()
-    }
-
-    pub(crate) fn rejected(&self) -> u64 {
-        self.rejected.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for SoftListener {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
+/// Authenticated software connections, as the accept task (tcp) or the
+/// fabric (inproc) produces them.
+pub(crate) type SoftListener = crate::bootstrap::Listener<SoftConnection>;

@@ -192,14 +192,21 @@ fn fresh_key(taken: &HashMap<u32, Registration>) -> u32 {
 mod tests {
     use super::*;
 
+    /// A NIC with the default limits and all of `mem` registered with
+    /// `access`: the NIC, the memory's address and its rkey.
+    fn nic_over(mem: &mut [u64], access: Access) -> (SoftNic, u64, u32) {
+        let nic = SoftNic::new(DeviceLimits::default());
+        let addr = mem.as_mut_ptr() as u64;
+        let rkey = nic.register(addr, size_of_val(mem) as u64, access).unwrap();
+        (nic, addr, rkey)
+    }
+
     #[test]
     fn checks_come_in_rxe_order() {
-        let nic = SoftNic::new(DeviceLimits::default());
         let mut mem = vec![0u64; 4];
-        let addr = mem.as_mut_ptr() as u64;
-        let rkey = nic
-            .register(addr, 32, Access::REMOTE_READ | Access::LOCAL_WRITE)
-            .unwrap();
+        let (nic, addr, rkey) = nic_over(&mut mem, Access::REMOTE_READ | Access::LOCAL_WRITE);
+        // On a queue pair open to every remote operation.
+        let execute = |request: &Request| nic.execute(request, Access::ALL_REMOTE);
         let write = Request::Write {
             addr,
             rkey,
@@ -217,89 +224,56 @@ mod tests {
             nic.execute(&bad_key, Access::REMOTE_READ),
             Err(WcError::RemoteInvalidRequest)
         );
-        assert_eq!(
-            nic.execute(&bad_key, Access::ALL_REMOTE),
-            Err(WcError::RemoteAccess)
-        );
+        assert_eq!(execute(&bad_key), Err(WcError::RemoteAccess));
         // Registration without REMOTE_WRITE.
-        assert_eq!(
-            nic.execute(&write, Access::ALL_REMOTE),
-            Err(WcError::RemoteAccess)
-        );
+        assert_eq!(execute(&write), Err(WcError::RemoteAccess));
         let read = Request::Read {
             addr: addr + 24,
             rkey,
             len: 16,
         };
-        assert_eq!(
-            nic.execute(&read, Access::ALL_REMOTE),
-            Err(WcError::RemoteAccess),
-            "out of bounds"
-        );
+        assert_eq!(execute(&read), Err(WcError::RemoteAccess), "out of bounds");
         let read = Request::Read {
             addr: addr + 24,
             rkey,
             len: 8,
         };
-        assert_eq!(
-            nic.execute(&read, Access::ALL_REMOTE),
-            Ok(Done::Data(vec![0; 8]))
-        );
+        assert_eq!(execute(&read), Ok(Done::Data(vec![0; 8])));
         nic.deregister(rkey);
-        assert_eq!(
-            nic.execute(&read, Access::ALL_REMOTE),
-            Err(WcError::RemoteAccess)
-        );
+        assert_eq!(execute(&read), Err(WcError::RemoteAccess));
         drop(mem);
     }
 
     #[test]
     fn atomics_and_rotation() {
-        let nic = SoftNic::new(DeviceLimits::default());
         let mut mem = vec![5u64; 2];
-        let addr = mem.as_mut_ptr() as u64;
-        let rkey = nic
-            .register(addr, 16, Access::REMOTE_ATOMIC | Access::LOCAL_WRITE)
-            .unwrap();
+        let (nic, addr, rkey) = nic_over(&mut mem, Access::REMOTE_ATOMIC | Access::LOCAL_WRITE);
+        // On a queue pair open to every remote operation.
+        let execute = |request: &Request| nic.execute(request, Access::ALL_REMOTE);
         let cas = |rkey, expected, new| Request::CompareSwap {
             addr,
             rkey,
             expected,
             new,
         };
-        assert_eq!(
-            nic.execute(&cas(rkey, 5, 9), Access::ALL_REMOTE),
-            Ok(Done::Word(5))
-        );
-        assert_eq!(
-            nic.execute(&cas(rkey, 5, 7), Access::ALL_REMOTE),
-            Ok(Done::Word(9))
-        );
+        assert_eq!(execute(&cas(rkey, 5, 9)), Ok(Done::Word(5)));
+        assert_eq!(execute(&cas(rkey, 5, 7)), Ok(Done::Word(9)));
         let fadd = Request::FetchAdd {
             addr: addr + 8,
             rkey,
             add: 3,
         };
-        assert_eq!(nic.execute(&fadd, Access::ALL_REMOTE), Ok(Done::Word(5)));
+        assert_eq!(execute(&fadd), Ok(Done::Word(5)));
         let unaligned = Request::FetchAdd {
             addr: addr + 4,
             rkey,
             add: 1,
         };
-        assert_eq!(
-            nic.execute(&unaligned, Access::ALL_REMOTE),
-            Err(WcError::RemoteInvalidRequest)
-        );
+        assert_eq!(execute(&unaligned), Err(WcError::RemoteInvalidRequest));
         let new = nic.rotate(rkey).unwrap();
         assert_ne!(new, rkey);
-        assert_eq!(
-            nic.execute(&cas(rkey, 9, 1), Access::ALL_REMOTE),
-            Err(WcError::RemoteAccess)
-        );
-        assert_eq!(
-            nic.execute(&cas(new, 9, 1), Access::ALL_REMOTE),
-            Ok(Done::Word(9))
-        );
+        assert_eq!(execute(&cas(rkey, 9, 1)), Err(WcError::RemoteAccess));
+        assert_eq!(execute(&cas(new, 9, 1)), Ok(Done::Word(9)));
         assert_eq!(mem, vec![1, 8]);
     }
 

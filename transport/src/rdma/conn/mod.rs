@@ -68,7 +68,7 @@ use tokio::time::Instant;
 use super::buffer::DeviceBuffer;
 use super::context::{Gid, LINK_LAYER_ETHERNET, PortAttributes};
 use super::cq::{ChannelFd, CompletionQueue, POLL_BATCH, WorkCompletion};
-use super::device::{ConnSlot, RdmaDevice};
+use super::device::RdmaDevice;
 use super::endpoint::{MAX_24_BIT, QpEndpoint};
 use super::mr::AccessFlags;
 use super::pd::ProtectionDomain;
@@ -76,6 +76,7 @@ use super::qp::{QueuePair, QueuePairCaps, ReadyToReceive, ReadyToSend, SendOp, r
 use super::staging::{Piece, StagingRing};
 use crate::error::{Result, TransportError, WcError};
 use crate::handshake::PeerInfo;
+use crate::limits::ConnSlot;
 use crate::types::{Access, ConnConfig, Received};
 use crate::work::{Done, Request};
 
