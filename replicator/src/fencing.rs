@@ -166,36 +166,23 @@ impl Drop for FencedRing {
     }
 }
 
-/// Why `epoch` may not be granted write access now: the fence found (or
-/// the epoch of this node's vote where that is higher). See
-/// [`FencedRing::grant`].
+/// Why `epoch` may not be granted write access now (see
+/// [`crate::replication::acceptor::refuse_grant`]), logged.
 fn refuse_grant(store: &LogStore, epoch: Epoch) -> Result<(), Epoch> {
     let fence = store.fence();
-    if fence != epoch {
-        return Err(fence);
+    let vote = store.vote();
+    let refused = crate::replication::acceptor::refuse_grant(fence, vote, epoch);
+    if let (Err(_), Some(vote)) = (refused, vote)
+        && fence == epoch
+    {
+        tracing::info!(
+            %epoch,
+            vote_term = vote.term,
+            voted_for = ?vote.voted_for,
+            "grant refused: the epoch is of a superseded leader"
+        );
     }
-    let Some(vote) = store.vote() else {
-        return Ok(());
-    };
-    let superseded = epoch.term() < vote.term
-        || (vote.committed
-            && epoch.term() == vote.term
-            && vote.voted_for != Some(epoch.leader_id()));
-    if !superseded {
-        return Ok(());
-    }
-    tracing::info!(
-        %epoch,
-        vote_term = vote.term,
-        voted_for = ?vote.voted_for,
-        "grant refused: the epoch is of a superseded leader"
-    );
-    let voted = vote
-        .voted_for
-        .and_then(|leader| Epoch::new(vote.term, leader))
-        .or_else(|| Epoch::new(vote.term, 0))
-        .unwrap_or(fence);
-    Err(voted.max(fence))
+    refused
 }
 
 /// The [`RingGuard`] of a node on a fabric. Clones share it.

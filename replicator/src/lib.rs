@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod protocol;
+pub mod replication;
 pub mod server;
 pub mod state_machine;
 pub mod types;

@@ -242,6 +242,28 @@ pub fn encode<T: Serialize>(message: &T) -> Result<Vec<u8>, String> {
     bincode::serde::encode_to_vec(message, config()).map_err(|e| e.to_string())
 }
 
+/// Largest two-sided entry batch accepted, in bytes.
+pub const MAX_INLINE_BATCH_BYTES: u64 = 256 << 20;
+
+/// Encodes entries for a two-sided AppendEntries (the parts of
+/// [`AppendBody::Inline`] put together).
+pub fn encode_entries(entries: &[crate::types::Entry]) -> Result<Vec<u8>, String> {
+    bincode::serde::encode_to_vec(entries, bincode::config::standard()).map_err(|e| e.to_string())
+}
+
+/// Decodes the entries of a two-sided AppendEntries; bytes from the
+/// network, so any error is reported.
+pub fn decode_entries(bytes: &[u8]) -> Result<Vec<crate::types::Entry>, String> {
+    let config = bincode::config::standard().with_limit::<{ MAX_INLINE_BATCH_BYTES as usize }>();
+    let (entries, used): (Vec<crate::types::Entry>, usize) =
+        bincode::serde::decode_from_slice(bytes, config)
+            .map_err(|e| format!("malformed entries: {e}"))?;
+    if used != bytes.len() {
+        return Err("trailing bytes after the entries".into());
+    }
+    Ok(entries)
+}
+
 /// Decodes a message; bytes from the network, so any error is reported.
 pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, String> {
     let (message, used) = bincode::serde::decode_from_slice(bytes, config())

@@ -2,27 +2,15 @@
 //! fabric, with AppendEntries split into one-sided WRITEs of ring records
 //! and a small two-sided control message.
 //!
-//! For each target, openraft gets a [`PeerNet`]; the replication client
-//! keeps a [`View`] of the follower's ring: the data area's descriptor (its
-//! rkey, granted to this leader only), the follower's adopted tail and the
-//! chain the next record continues, and its head (flow control). Before its
-//! first WRITE in a term it READs the follower's fence and CASes it to its
-//! epoch, stepping down if the fence holds a higher term, then asks for the
-//! grant.
-//!
-//! An AppendEntries goes one-sided when its `prev_log_id` is the follower's
-//! last log id: the entries are encoded as records after the follower's
-//! tip, WRITten into its ring at the tail (never below it: adopted records
-//! are never overwritten from outside), and the control message, SENT on the
-//! same connection after the WRITEs (RC order), names the range. Otherwise
-//! (a conflict, a truncated follower) the entries travel two-sided and the
-//! follower writes them itself. The answer carries the follower's tail,
-//! which corrects the view.
-//!
-//! `stream_append` pipelines: batch k+1 is written and sent before the
-//! answer to batch k, up to [`PIPELINE_DEPTH`] batches.
+//! For each target, openraft gets a [`PeerNet`], the glue of one sans-IO
+//! [`Link`](crate::replication::Link) (which holds every decision: the
+//! fence, the view of the follower's ring, how a batch travels, flow
+//! control, pipelining, matching replies): see `crate::replication::link`.
+//! Here: openraft's calls ([`PeerNet`]'s `RaftNetworkV2`), `stream_append`'s
+//! pipeline (`pipeline`), the connections (`pool`), how errors reach
+//! openraft (`error`) and the planted bugs of the Jepsen harness
+//! (`planted`).
 
-mod checks;
 mod error;
 mod peer;
 mod pipeline;
@@ -31,7 +19,6 @@ mod planted;
 mod pool;
 
 use std::collections::VecDeque;
-use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
@@ -47,18 +34,11 @@ use std::sync::Arc;
 
 use crate::protocol::{MAX_PART_BYTES, Reply, Request};
 use crate::types::{NodeInfo, TypeConfig, Vote};
-pub(crate) use error::Failure;
 pub use error::ReplicationError;
 use error::{rpc_error, streaming_error};
-pub use peer::PeerNet;
+pub use peer::{PIPELINE_DEPTH, PeerNet, RING_FULL_WAIT};
 use pipeline::Pipeline;
 pub use pool::NetCtx;
-
-/// AppendEntries batches in flight per follower.
-pub const PIPELINE_DEPTH: usize = 8;
-/// How long a leader waits for room in a follower's ring (re-reading its
-/// head) before it reports the follower unreachable for now.
-pub const RING_FULL_WAIT: Duration = Duration::from_secs(2);
 
 /// Creates a client per target (openraft's factory).
 #[derive(Clone)]
@@ -83,10 +63,6 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     }
 }
 
-fn higher_vote_response(v: Vote) -> AppendEntriesResponse<TypeConfig> {
-    AppendEntriesResponse::HigherVote(v)
-}
-
 impl RaftNetworkV2<TypeConfig> for PeerNet {
     type SnapshotData = Vec<u8>;
 
@@ -99,17 +75,7 @@ impl RaftNetworkV2<TypeConfig> for PeerNet {
         if planted::ack_before_replication() {
             return Ok(self.planted_ack_before_replication(rpc, option).await);
         }
-        let ttl = option.hard_ttl();
-        self.begin_exchange();
-        let inflight = match self.post_append(rpc, ttl).await {
-            Ok(inflight) => inflight,
-            Err(Failure::HigherVote(v)) => return Ok(higher_vote_response(v)),
-            Err(f) => {
-                self.drop_link("append failed");
-                return Err(rpc_error(f));
-            }
-        };
-        self.take_append(inflight).await.map_err(rpc_error)
+        self.append(rpc, option.hard_ttl()).await.map_err(rpc_error)
     }
 
     fn stream_append<'s, S>(
@@ -132,12 +98,11 @@ impl RaftNetworkV2<TypeConfig> for PeerNet {
             return openraft::network::stream_append_sequential(self, input, option);
         }
         Box::pin(async move {
-            self.begin_exchange();
+            self.begin();
             let state = Pipeline {
                 net: self,
                 input,
-                inflight: VecDeque::new(),
-                held: None,
+                pending: VecDeque::new(),
                 input_done: false,
                 stopped: false,
                 ttl: option.hard_ttl(),
@@ -155,7 +120,7 @@ impl RaftNetworkV2<TypeConfig> for PeerNet {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let answer = self.call(&Request::Vote(rpc), option.hard_ttl()).await;
+        let answer = self.call(Request::Vote(rpc), option.hard_ttl()).await;
         self.answer_of(answer, "a vote", |reply| match reply {
             Reply::Voted(resp) => Ok(resp),
             other => Err(other),
@@ -167,7 +132,7 @@ impl RaftNetworkV2<TypeConfig> for PeerNet {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let answer = self.call(&Request::PreVote(rpc), option.hard_ttl()).await;
+        let answer = self.call(Request::PreVote(rpc), option.hard_ttl()).await;
         self.answer_of(answer, "a pre-vote", |reply| match reply {
             Reply::Voted(resp) => Ok(resp),
             other => Err(other),
@@ -199,18 +164,18 @@ impl RaftNetworkV2<TypeConfig> for PeerNet {
                     data: chunk.to_vec(),
                 };
                 offset += chunk.len() as u64;
-                match self.call(&request, ttl).await? {
+                match self.call(request, ttl).await? {
                     Reply::PartStored if offset < total => {}
                     Reply::Installed(resp) if offset == total => return Ok(resp),
                     other => {
-                        return Err(Failure::Protocol {
+                        return Err(ReplicationError::Protocol {
                             node: self.target,
                             what: format!("an answer to a snapshot part: {other:?}"),
                         });
                     }
                 }
             }
-            Err(Failure::Protocol {
+            Err(ReplicationError::Protocol {
                 node: self.target,
                 what: "no answer to a snapshot's last part".into(),
             })
@@ -227,7 +192,7 @@ impl RaftNetworkV2<TypeConfig> for PeerNet {
         option: RPCOption,
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
         let answer = self
-            .call(&Request::TransferLeader(req), option.hard_ttl())
+            .call(Request::TransferLeader(req), option.hard_ttl())
             .await;
         self.answer_of(answer, "a transfer", |reply| match reply {
             Reply::Transferred(resp) => Ok(resp),
@@ -241,12 +206,12 @@ impl PeerNet {
     /// `take` accepts the reply of the right kind, or gives it back.
     fn answer_of<T>(
         &self,
-        answer: Result<Reply, Failure>,
+        answer: Result<Reply, ReplicationError>,
         what: &str,
         take: impl FnOnce(Reply) -> Result<T, Reply>,
     ) -> Result<T, RPCError<TypeConfig>> {
         take(answer.map_err(rpc_error)?).map_err(|other| {
-            rpc_error(Failure::Protocol {
+            rpc_error(ReplicationError::Protocol {
                 node: self.target,
                 what: format!("an answer to {what}: {other:?}"),
             })

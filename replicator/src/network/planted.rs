@@ -10,8 +10,6 @@ use std::time::Duration;
 use openraft::network::RPCOption;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse};
 
-use super::error::Failure;
-use super::higher_vote_response;
 use super::peer::PeerNet;
 use crate::types::TypeConfig;
 
@@ -81,17 +79,10 @@ impl PeerNet {
             .is_some_and(|(at, _)| at.elapsed() >= REPLICATION_DELAY)
         {
             let (_, req) = self.planted_backlog.pop_front().expect("just checked");
-            let answer = match self.post_append(req, ttl).await {
-                Ok(inflight) => self.take_append(inflight).await,
-                Err(f) => Err(f),
-            };
-            match answer {
-                Ok(AppendEntriesResponse::HigherVote(v)) | Err(Failure::HigherVote(v)) => {
-                    self.planted_backlog.clear();
-                    return higher_vote_response(v);
-                }
-                Ok(_) => {}
-                Err(_) => self.drop_link("planted bug: late append failed"),
+            // A failure closed the connection already (the link's).
+            if let Ok(AppendEntriesResponse::HigherVote(v)) = self.append(req, ttl).await {
+                self.planted_backlog.clear();
+                return AppendEntriesResponse::HigherVote(v);
             }
         }
         AppendEntriesResponse::Success

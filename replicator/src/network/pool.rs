@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use ringraft_transport::{ConnConfig, Connection, Device};
 
-use super::checks::check_hello;
-use super::error::Failure;
 use crate::protocol::{Hello, decode};
+use crate::replication::ReplicationError;
+use crate::replication::checks::check_hello;
 
 /// What every client needs.
 pub struct NetCtx {
@@ -84,7 +84,7 @@ impl Drop for Pending {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A connection to one peer and what was learnt through it.
-pub(super) struct Link {
+pub(super) struct PeerConn {
     pub(super) conn: Connection,
     pub(super) hello: Hello,
 }
@@ -92,7 +92,12 @@ pub(super) struct Link {
 /// A connection to `target` at `addr`, checked to be that node of this
 /// cluster: an idle one or an attempt left by an earlier client of the
 /// target first, else a new attempt.
-pub(super) async fn connect(ctx: &Arc<NetCtx>, target: u64, addr: &str) -> Result<Link, Failure> {
+pub(super) async fn connect(
+    ctx: Arc<NetCtx>,
+    target: u64,
+    addr: String,
+) -> Result<PeerConn, ReplicationError> {
+    let (ctx, addr) = (&ctx, addr.as_str());
     // A connection made in a task of its own, so that an RPC timeout
     // shorter than a slow fabric's connection setup (rdma under TCG)
     // does not cancel every attempt; an attempt or an idle
@@ -125,7 +130,7 @@ pub(super) async fn connect(ctx: &Arc<NetCtx>, target: u64, addr: &str) -> Resul
             joined
                 .map_err(|e| format!("connection task: {e}"))
                 .and_then(|r| r)
-                .map_err(|e| Failure::Unreachable {
+                .map_err(|e| ReplicationError::Unreachable {
                     node: target,
                     why: format!("at {addr}: {e}"),
                 })?
@@ -135,7 +140,7 @@ pub(super) async fn connect(ctx: &Arc<NetCtx>, target: u64, addr: &str) -> Resul
         Ok(hello) => hello,
         Err(e) => {
             conn.close();
-            return Err(Failure::Protocol {
+            return Err(ReplicationError::Protocol {
                 node: target,
                 what: format!("a bad handshake at {addr}: {e}"),
             });
@@ -143,7 +148,7 @@ pub(super) async fn connect(ctx: &Arc<NetCtx>, target: u64, addr: &str) -> Resul
     };
     if hello.cluster_id != ctx.cluster_id || hello.node_id != target {
         conn.close();
-        return Err(Failure::Unreachable {
+        return Err(ReplicationError::Unreachable {
             node: target,
             why: format!(
                 "{addr} is node {} of cluster {:#x}, not of cluster {:#x}",
@@ -153,18 +158,19 @@ pub(super) async fn connect(ctx: &Arc<NetCtx>, target: u64, addr: &str) -> Resul
     }
     if let Err(e) = check_hello(&hello) {
         conn.close();
-        return Err(Failure::Protocol {
+        return Err(ReplicationError::Protocol {
             node: target,
             what: format!("a bad handshake at {addr}: {e}"),
         });
     }
-    Ok(Link { conn, hello })
+    Ok(PeerConn { conn, hello })
 }
 
 /// Leaves `conn` to the next client of `target` when it is healthy and
-/// nothing is owed on it (at most one per target); closes it otherwise.
-pub(super) fn leave(ctx: &NetCtx, target: u64, conn: Connection, unanswered: usize) {
-    if unanswered == 0
+/// nothing is owed on it (`quiet`; at most one per target); closes it
+/// otherwise.
+pub(super) fn leave(ctx: &NetCtx, target: u64, conn: Connection, quiet: bool) {
+    if quiet
         && conn.error().is_none()
         && let Ok(mut spare) = ctx.spare.lock()
         && !spare.contains_key(&target)

@@ -286,7 +286,7 @@ impl Node {
         }
         let (_, net) = link.as_mut().expect("just set");
         let ttl = Duration::from_millis(self.inner.config.election_timeout_ms.1 * 10);
-        net.call(&request, ttl)
+        net.call(request, ttl)
             .await
             .map_err(|f| NodeError::Unknown(format!("forwarding to the leader {leader}: {f}")))
     }

@@ -4,14 +4,13 @@
 //! a panic of the leader; and it sizes batches to a follower's ring. Pure
 //! functions: no I/O, no state.
 
-use openraft::raft::AppendEntriesRequest;
 use ringraft_transport::RemoteRegion;
 
+use super::AppendRequest;
 use crate::protocol::{Hello, Tail};
-use crate::types::TypeConfig;
 
 /// Checks what a peer revealed in its handshake.
-pub(super) fn check_hello(hello: &Hello) -> Result<(), String> {
+pub(crate) fn check_hello(hello: &Hello) -> Result<(), String> {
     ringraft_wal::layout::check_capacity(hello.capacity).map_err(|e| format!("its ring's {e}"))?;
     for (name, word) in [("fence", &hello.fence), ("head", &hello.head)] {
         check_region(name, word)?;
@@ -25,7 +24,7 @@ pub(super) fn check_hello(hello: &Hello) -> Result<(), String> {
     Ok(())
 }
 
-pub(super) fn check_region(name: &str, region: &RemoteRegion) -> Result<(), String> {
+pub(crate) fn check_region(name: &str, region: &RemoteRegion) -> Result<(), String> {
     if region.addr.checked_add(region.len).is_none() {
         return Err(format!(
             "its {name} region ({} bytes at {:#x}) wraps the address space",
@@ -36,7 +35,7 @@ pub(super) fn check_region(name: &str, region: &RemoteRegion) -> Result<(), Stri
 }
 
 /// Checks the data area a follower granted.
-pub(super) fn check_data_area(data: &RemoteRegion, capacity: u64) -> Result<(), String> {
+pub(crate) fn check_data_area(data: &RemoteRegion, capacity: u64) -> Result<(), String> {
     check_region("data", data)?;
     if data.len != capacity {
         return Err(format!(
@@ -48,7 +47,7 @@ pub(super) fn check_data_area(data: &RemoteRegion, capacity: u64) -> Result<(), 
 }
 
 /// Checks a tail a follower reported (in a grant or an answer).
-pub(super) fn check_tail(tail: &Tail, capacity: u64) -> Result<(), String> {
+pub(crate) fn check_tail(tail: &Tail, capacity: u64) -> Result<(), String> {
     let line = ringraft_wal::layout::LINE_BYTES as u64;
     if !tail.next_lsn.is_multiple_of(line) {
         return Err(format!(
@@ -82,8 +81,8 @@ pub(super) fn check_tail(tail: &Tail, capacity: u64) -> Result<(), String> {
 
 /// `limit_bytes` (at least one entry), given each entry's encoded payload
 /// length. Returns the last entry kept when it cut anything.
-pub(super) fn cut_to_fit(
-    req: &mut AppendEntriesRequest<TypeConfig>,
+pub(crate) fn cut_to_fit(
+    req: &mut AppendRequest,
     payload_lens: impl IntoIterator<Item = usize>,
     limit_bytes: u64,
 ) -> Option<crate::types::LogId> {
