@@ -21,6 +21,8 @@ pub mod acceptor;
 pub(crate) mod checks;
 pub mod error;
 pub mod link;
+#[cfg(test)]
+mod tests;
 
 use openraft::raft::AppendEntriesRequest;
 

@@ -73,6 +73,9 @@ impl Link {
                 return false;
             }
         };
+        if continues && self.appends_in_flight() >= self.config.pipeline_depth {
+            return false;
+        }
         if !continues && !self.exchanges.is_empty() {
             // A two-sided batch is answered part by part, and the tail it
             // must continue comes with the answers in flight.

@@ -372,7 +372,7 @@ impl Link {
             && self.appends_in_flight() < self.config.pipeline_depth
     }
 
-    fn appends_in_flight(&self) -> usize {
+    pub(super) fn appends_in_flight(&self) -> usize {
         self.exchanges
             .iter()
             .filter(|e| matches!(e.expect, Expect::Append { .. }))
