@@ -158,6 +158,10 @@ impl PeerNet {
                 *self.connecting.get_mut() = Some(connect.boxed());
             }
             Op::Close { why } => {
+                // A connection still being made is left to the pool (the
+                // next client of this target picks the attempt up): this
+                // link asks again when it needs one.
+                *self.connecting.get_mut() = None;
                 if let Some(peer) = self.conn.take() {
                     tracing::debug!(target = self.target, why, "dropping the connection");
                     peer.conn.close();
