@@ -572,18 +572,20 @@ impl Link {
     /// waited for gets it, every other one learns that the connection is
     /// gone; the view is forgotten.
     fn fail(&mut self, error: ReplicationError) {
-        let first = self
-            .exchanges
-            .iter()
-            .find_map(|e| e.ticket)
-            .or(self.staged.as_ref().map(|s| s.ticket))
-            .or(self.parts.as_ref().map(|p| p.ticket))
-            .or(self.queue.front().map(|q| q.ticket));
-        self.fail_front(first, error);
+        self.fail_front(None, error);
     }
 
-    /// Fails the connection, giving `error` to `ticket` (if anyone waits).
+    /// Fails the connection, giving `error` to `ticket` (where nobody waits
+    /// for that exchange any more: to the first request still waited for).
     fn fail_front(&mut self, ticket: Option<Ticket>, error: ReplicationError) {
+        let ticket = ticket.or_else(|| {
+            self.exchanges
+                .iter()
+                .find_map(|e| e.ticket)
+                .or(self.staged.as_ref().map(|s| s.ticket))
+                .or(self.parts.as_ref().map(|p| p.ticket))
+                .or(self.queue.front().map(|q| q.ticket))
+        });
         let why = error.to_string();
         if let Some(ticket) = ticket {
             let answer = Link::answer_of(ticket, error);
