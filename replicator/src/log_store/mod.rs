@@ -558,9 +558,9 @@ impl LogStore {
                 clobbered: false,
             },
         );
-        // A connection's requests are served in order, each ending with
-        // `drop_pending`.
-        debug_assert!(replaced.is_none(), "connection {conn} prepared twice");
+        // A connection prepares its next adoption only once its last one
+        // was taken or dropped (one pending adoption per connection).
+        assert!(replaced.is_none(), "connection {conn} prepared twice");
         Ok(entries)
     }
 
@@ -574,7 +574,42 @@ impl LogStore {
             return false;
         };
         self.erase_scratch(&mut adoptions, pending.prepared.request().to_lsn);
+        drop(adoptions);
+        self.inner.adoptions_changed.send_modify(|v| *v += 1);
         true
+    }
+
+    /// Forgets the adoption connection `conn` prepared for `request` if
+    /// openraft did not take it (as [`LogStore::drop_pending`]), and
+    /// nothing if the connection's pending adoption is another request's
+    /// (a pipelined one, prepared after this one was taken). Returns whether
+    /// it dropped something.
+    pub fn drop_pending_of(&self, conn: u64, request: AdoptRequest) -> bool {
+        let mut adoptions = self.adoptions();
+        if adoptions
+            .pending
+            .get(&conn)
+            .is_none_or(|p| p.prepared.request() != request)
+        {
+            return false;
+        }
+        let pending = adoptions.pending.remove(&conn).expect("just seen");
+        self.erase_scratch(&mut adoptions, pending.prepared.request().to_lsn);
+        drop(adoptions);
+        self.inner.adoptions_changed.send_modify(|v| *v += 1);
+        true
+    }
+
+    /// Whether connection `conn` has an adoption prepared that openraft has
+    /// not taken (nor was it dropped) yet.
+    pub fn has_pending(&self, conn: u64) -> bool {
+        self.adoptions().pending.contains_key(&conn)
+    }
+
+    /// Changes whenever a prepared adoption is taken or dropped, a leader
+    /// request ends or a grant finishes.
+    pub fn watch_adoptions(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.adoptions_changed.subscribe()
     }
 
     /// Erases records connection `conn` wrote that were refused at adoption
@@ -714,10 +749,9 @@ impl LogStore {
 
     /// The prepared adoption (of any connection) whose records are exactly
     /// `entries`, taken out of the pending set.
-    fn take_matching_pending(&self, entries: &[Entry]) -> Option<Pending> {
+    fn take_matching_pending(adoptions: &mut Adoptions, entries: &[Entry]) -> Option<Pending> {
         let first = entries.first().map(|e| e.log_id.index);
         let wanted_last = entries.last().map(|e| pos(&e.log_id));
-        let mut adoptions = self.adoptions();
         let conn = adoptions.pending.iter().find_map(|(conn, p)| {
             let request = p.prepared.request();
             let prepared_first = request.last.map(|l| l.index + 1 - request.entries);
@@ -736,23 +770,34 @@ impl LogStore {
     /// decided these entries belong in the log, so they are written
     /// locally instead.
     async fn append_entries(&self, entries: &[Entry]) -> io::Result<()> {
-        if let Some(pending) = self.take_matching_pending(entries) {
-            let committed = if pending.clobbered {
-                Err("its bytes were erased since".to_string())
-            } else {
-                self.wal()
-                    .ring_mut()
-                    .commit_adoption(pending.prepared)
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            };
-            match committed {
-                Ok(()) => return Ok(()),
-                Err(why) => tracing::info!(
-                    why,
-                    "prepared records not adopted as they lie; writing the entries locally"
-                ),
-            }
+        // Taken and committed under the adoptions lock: a connection that
+        // sees its adoption gone (to prepare its next batch at the new
+        // tail), and an erasure of scratch, see it in the log already.
+        let committed = {
+            let mut adoptions = self.adoptions();
+            LogStore::take_matching_pending(&mut adoptions, entries).map(|pending| {
+                if pending.clobbered {
+                    Err("its bytes were erased since".to_string())
+                } else {
+                    self.wal()
+                        .ring_mut()
+                        .commit_adoption(pending.prepared)
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                }
+            })
+        };
+        if committed.is_some() {
+            // A connection waiting to prepare its next batch may go on.
+            self.inner.adoptions_changed.send_modify(|v| *v += 1);
+        }
+        match committed {
+            Some(Ok(())) => return Ok(()),
+            Some(Err(why)) => tracing::info!(
+                why,
+                "prepared records not adopted as they lie; writing the entries locally"
+            ),
+            None => {}
         }
         self.append_local(entries).await
     }

@@ -136,6 +136,22 @@ impl Acceptor {
         self.peer
     }
 
+    /// Whether `request` may be taken while this connection's earlier
+    /// requests are still with openraft: an AppendEntries whose entries
+    /// were written one-sided, or that carries none. openraft takes them in
+    /// order; anything else (a grant above all, which must see no leader
+    /// request in flight; two-sided parts; votes) waits until the earlier
+    /// ones are answered.
+    pub fn pipelines(request: &Request) -> bool {
+        matches!(
+            request,
+            Request::Append {
+                body: AppendBody::Written { .. } | AppendBody::Empty,
+                ..
+            }
+        )
+    }
+
     /// What `request` asks of the node in the state `node`.
     pub fn on_request(&mut self, request: Request, node: &NodeView) -> Step {
         match request {

@@ -1,9 +1,14 @@
 //! The acceptor's glue: serves the connections of leaders and candidates,
 //! one task per connection, taking requests in order and answering each on
-//! the same connection. What a request may do is the sans-IO
+//! the same connection, in order. What a request may do is the sans-IO
 //! [`Acceptor`]'s decision; this module only reads the node's state for
 //! it and performs the [`Step`] it returns (on the ring, the log store and
-//! openraft). A malformed message closes that connection and nothing else.
+//! openraft). AppendEntries written one-sided (and heartbeats) are
+//! pipelined to openraft ([`pipeline`]); any other request waits until
+//! those in flight are answered. A malformed message closes that
+//! connection and nothing else.
+
+mod pipeline;
 
 use std::sync::Arc;
 
@@ -17,6 +22,8 @@ use crate::protocol::{Reply, Request, decode, encode};
 use crate::replication::Acceptor;
 use crate::replication::acceptor::{AppendMeta, NodeView, Step};
 use crate::types::{Entry, Raft};
+pub use pipeline::FOLLOWER_PIPELINE_DEPTH;
+use pipeline::Pipeline;
 
 /// Largest two-sided entry batch accepted, in bytes.
 pub use crate::protocol::MAX_INLINE_BATCH_BYTES;
@@ -51,14 +58,25 @@ async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
     let peer = conn.peer().node_id;
     let conn_id = NEXT_CONNECTION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut acceptor = Acceptor::new(peer);
+    let mut pipeline = Pipeline::new(ctx.clone(), conn_id);
     loop {
-        let bytes = match conn.recv().await {
+        let received = tokio::select! {
+            biased;
+            reply = pipeline.next_reply(), if pipeline.busy() => {
+                if !send_reply(&conn, &reply).await {
+                    return;
+                }
+                continue;
+            }
+            received = conn.recv(), if pipeline.has_room() => received,
+        };
+        let bytes = match received {
             Ok(Received::Message(bytes)) => bytes,
             Ok(Received::WriteImmediate(_)) => continue,
             Err(_) => return,
         };
-        let reply = match decode::<Request>(&bytes) {
-            Ok(request) => handle(&mut acceptor, request, conn_id, &ctx).await,
+        let request = match decode::<Request>(&bytes) {
+            Ok(request) => request,
             Err(e) => {
                 tracing::warn!(peer, error = %e, "malformed request; closing the connection");
                 let _ = conn
@@ -68,19 +86,36 @@ async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
                 return;
             }
         };
-        let encoded = match encode(&reply) {
-            Ok(b) => b,
-            Err(e) => encode(&Reply::Error(format!("reply does not encode: {e}")))
-                .expect("a short error encodes"),
-        };
-        if conn.send(&encoded).await.is_err() {
+        if Acceptor::pipelines(&request) {
+            pipeline.submit(&mut acceptor, request).await;
+            continue;
+        }
+        // Anything else is answered after what is in flight.
+        while pipeline.busy() {
+            let reply = pipeline.next_reply().await;
+            if !send_reply(&conn, &reply).await {
+                return;
+            }
+        }
+        let reply = handle(&mut acceptor, request, conn_id, &ctx).await;
+        if !send_reply(&conn, &reply).await {
             return;
         }
     }
 }
 
+/// Sends `reply`; false when the connection is gone.
+async fn send_reply(conn: &Connection, reply: &Reply) -> bool {
+    let encoded = match encode(reply) {
+        Ok(b) => b,
+        Err(e) => encode(&Reply::Error(format!("reply does not encode: {e}")))
+            .expect("a short error encodes"),
+    };
+    conn.send(&encoded).await.is_ok()
+}
+
 /// The node's state as the acceptor needs it, read now.
-fn node_view(store: &LogStore) -> NodeView {
+pub(super) fn node_view(store: &LogStore) -> NodeView {
     NodeView {
         node_id: store.node_id(),
         fence: store.fence(),
@@ -152,7 +187,7 @@ async fn grant(ctx: &ServerCtx, epoch: ringraft_wal::Epoch) -> Reply {
 /// The records written one-sided into the ring, checked in place
 /// (adoption rules) and held pending for this connection. `Err` is the
 /// reply instead (a refusal).
-async fn adopt(
+pub(super) async fn adopt(
     ctx: &ServerCtx,
     peer: u64,
     conn_id: u64,
