@@ -23,6 +23,10 @@
 //!
 //! The labels keep one side's proof from being reflected as the other's; the
 //! two nonces make every proof fresh.
+//!
+//! Each side brings its nonce ([`Local::nonce`]): a real device draws it
+//! from the OS ([`fresh_nonce`]); only a device seeded explicitly (the
+//! in-process fabric's, `crate::entropy`) draws it from its seed.
 
 use std::time::Duration;
 
@@ -223,8 +227,33 @@ async fn read_message<S: AsyncRead + Unpin>(
     Ok((message, bytes))
 }
 
-fn nonce() -> [u8; 32] {
+/// An unpredictable nonce from the operating system's entropy: what every
+/// real device brings to a handshake.
+pub fn fresh_nonce() -> [u8; 32] {
     rand::random()
+}
+
+/// This end of a handshake: what it proves itself with.
+#[derive(Clone, Copy)]
+pub struct Local<'a> {
+    /// The cluster secret.
+    pub secret: &'a Secret,
+    /// This end's backend (both ends must use the same).
+    pub backend: Backend,
+    /// This end's node id.
+    pub node_id: u64,
+    /// This handshake's nonce: fresh for every handshake, and unpredictable
+    /// on a real device ([`fresh_nonce`]).
+    pub nonce: [u8; 32],
+}
+
+impl std::fmt::Debug for Local<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Local")
+            .field("backend", &self.backend)
+            .field("node_id", &self.node_id)
+            .finish_non_exhaustive()
+    }
 }
 
 fn unexpected(peer: &str, got: &Message) -> TransportError {
@@ -270,19 +299,18 @@ async fn bounded<T>(
 pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     peer: &str,
-    secret: &Secret,
-    backend: Backend,
-    node_id: u64,
+    local: Local<'_>,
     timeout: Duration,
     reveal: impl FnOnce() -> Result<Reveal>,
 ) -> Result<PeerInfo> {
+    let secret = local.secret;
     bounded(timeout, peer, async {
         let hello = encode(&Message::Hello {
             magic: MAGIC,
             version: VERSION,
-            backend,
-            node_id,
-            nonce: nonce(),
+            backend: local.backend,
+            node_id: local.node_id,
+            nonce: local.nonce,
         });
         write_frame(stream, &hello, peer).await?;
         let (challenge, _) = read_message(stream, peer).await?;
@@ -322,11 +350,15 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
 pub async fn server<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     peer: &str,
-    secret: &Secret,
-    backend: Backend,
-    node_id_of_server: u64,
+    local: Local<'_>,
     timeout: Duration,
 ) -> Result<Accepted> {
+    let Local {
+        secret,
+        backend,
+        node_id: node_id_of_server,
+        nonce,
+    } = local;
     bounded(timeout, peer, async {
         let (hello, hello_bytes) = read_message(stream, peer).await?;
         let Message::Hello {
@@ -355,7 +387,6 @@ pub async fn server<S: AsyncRead + AsyncWrite + Unpin>(
             )
             .await);
         }
-        let nonce = nonce();
         let proof = secret.proof(SERVER_LABEL, &hello_bytes, node_id_of_server, &nonce);
         let challenge = Message::Challenge {
             node_id: node_id_of_server,
@@ -496,6 +527,15 @@ mod tests {
         Secret::new(format!("{s:0>16}")).unwrap()
     }
 
+    fn side(secret: &Secret, node_id: u64) -> Local<'_> {
+        Local {
+            secret,
+            backend: Backend::Tcp,
+            node_id,
+            nonce: fresh_nonce(),
+        }
+    }
+
     async fn run(
         client_secret: Secret,
         server_secret: Secret,
@@ -503,7 +543,7 @@ mod tests {
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
         let t = Duration::from_secs(5);
         let srv = tokio::spawn(async move {
-            let r = server(&mut b, "client", &server_secret, Backend::Tcp, 4, t).await;
+            let r = server(&mut b, "client", side(&server_secret, 4), t).await;
             if let Ok(acc) = &r {
                 acc.answer(
                     &mut b,
@@ -518,7 +558,7 @@ mod tests {
             }
             r
         });
-        let c = client(&mut a, "server", &client_secret, Backend::Tcp, 9, t, || {
+        let c = client(&mut a, "server", side(&client_secret, 9), t, || {
             Ok(Reveal {
                 endpoint: b"C".to_vec(),
                 app_data: b"client-data".to_vec(),
@@ -549,10 +589,8 @@ mod tests {
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
         let t = Duration::from_secs(5);
         let srv =
-            tokio::spawn(
-                async move { server(&mut b, "c", &secret("right"), Backend::Tcp, 4, t).await },
-            );
-        let c = client(&mut a, "s", &secret("wrong"), Backend::Tcp, 1, t, || {
+            tokio::spawn(async move { server(&mut b, "c", side(&secret("right"), 4), t).await });
+        let c = client(&mut a, "s", side(&secret("wrong"), 1), t, || {
             revealed.store(true, std::sync::atomic::Ordering::SeqCst);
             Ok(Reveal::default())
         })
@@ -572,10 +610,7 @@ mod tests {
     async fn garbage_and_oversized_frames_are_protocol_errors() {
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
         let t = Duration::from_secs(5);
-        let srv =
-            tokio::spawn(
-                async move { server(&mut b, "c", &secret("k"), Backend::Tcp, 4, t).await },
-            );
+        let srv = tokio::spawn(async move { server(&mut b, "c", side(&secret("k"), 4), t).await });
         a.write_all(&[4, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef])
             .await
             .unwrap();
@@ -585,10 +620,7 @@ mod tests {
         ));
 
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
-        let srv =
-            tokio::spawn(
-                async move { server(&mut b, "c", &secret("k"), Backend::Tcp, 4, t).await },
-            );
+        let srv = tokio::spawn(async move { server(&mut b, "c", side(&secret("k"), 4), t).await });
         a.write_all(&u32::MAX.to_le_bytes()).await.unwrap();
         assert!(matches!(
             srv.await.unwrap(),
@@ -599,15 +631,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_silent_peer_times_out() {
         let (_a, mut b) = tokio::io::duplex(1 << 16);
-        let r = server(
-            &mut b,
-            "c",
-            &secret("k"),
-            Backend::Tcp,
-            4,
-            Duration::from_secs(2),
-        )
-        .await;
+        let r = server(&mut b, "c", side(&secret("k"), 4), Duration::from_secs(2)).await;
         assert!(matches!(r, Err(TransportError::Timeout { .. })));
     }
 

@@ -12,7 +12,15 @@
 //! (the peer only learns by timing out).
 //!
 //! With a current-thread tokio runtime (and paused time in tests) a run is
-//! a deterministic function of the seed.
+//! a deterministic function of the seed. Everything random on this fabric
+//! follows it: the frames' delays, and each device's rkeys and handshake
+//! nonces (every device gets a seed of its own from the fabric's, in the
+//! order the devices are made; see `crate::entropy`). That makes them
+//! predictable: this fabric is for tests and simulations, never for
+//! anything a secret guards. Waiting for a path to open wakes the waiters
+//! in the order they began to wait ([`tokio::sync::Notify`]); a
+//! `tokio::sync::watch` would wake them in an order drawn from the
+//! runtime's unseeded random generator.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,10 +29,11 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
 use crate::api::{AcceptPolicy, Device, DeviceConfig, DeviceKind};
+use crate::entropy::Entropy;
 use crate::error::{Result, TransportError};
 use crate::handshake::PeerInfo;
 use crate::limits::ConnSlot;
@@ -72,11 +81,25 @@ struct Direction {
 }
 
 struct Inner {
+    /// The frames' delays.
     rng: Mutex<StdRng>,
+    /// The seeds of the devices' own sources (rkeys, nonces): a stream of
+    /// its own, so that how many delays were drawn does not change them.
+    device_seeds: Mutex<StdRng>,
     listeners: Mutex<HashMap<String, ListenerEntry>>,
     state: Mutex<NetState>,
-    changed: watch::Sender<u64>,
+    /// Notified at every change of `state`.
+    changed: Notify,
     links: Mutex<Vec<(Direction, Direction)>>,
+}
+
+/// Mixes the fabric's seed into the seed of its device seeds (SplitMix64's
+/// finalizer), so that the two streams differ.
+fn device_seed_stream(seed: u64) -> u64 {
+    let z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// An in-process fabric. Cloning shares it.
@@ -92,20 +115,25 @@ impl std::fmt::Debug for Fabric {
 }
 
 impl Fabric {
-    /// A fabric whose random choices (delays) follow `seed`.
+    /// A fabric whose random choices follow `seed`: the frames' delays and
+    /// its devices' rkeys and handshake nonces (predictable from `seed`:
+    /// see the module docs).
     pub fn new(seed: u64) -> Fabric {
         Fabric {
             inner: Arc::new(Inner {
                 rng: Mutex::new(StdRng::seed_from_u64(seed)),
+                device_seeds: Mutex::new(StdRng::seed_from_u64(device_seed_stream(seed))),
                 listeners: Mutex::new(HashMap::new()),
                 state: Mutex::new(NetState::default()),
-                changed: watch::channel(0).0,
+                changed: Notify::new(),
                 links: Mutex::new(Vec::new()),
             }),
         }
     }
 
     /// The device of node `node` (its atomics are CPU atomics: global).
+    /// Its rkeys and handshake nonces follow a seed drawn from the
+    /// fabric's: the same devices made in the same order get the same.
     pub fn device(&self, node: &str, config: DeviceConfig) -> Device {
         self.device_with_atomics(node, config, AtomicCapability::Global)
     }
@@ -122,14 +150,21 @@ impl Fabric {
             fabric: self.clone(),
             node: node.to_string(),
         };
+        let seed = self
+            .inner
+            .device_seeds
+            .lock()
+            .expect("fabric device seeds")
+            .random();
+        let entropy = Entropy::seeded(seed);
         Device {
-            kind: DeviceKind::Soft(Arc::new(SoftDevice::new(config, flavor, atomic))),
+            kind: DeviceKind::Soft(Arc::new(SoftDevice::new(config, flavor, atomic, entropy))),
         }
     }
 
     fn update(&self, f: impl FnOnce(&mut NetState)) {
         f(&mut self.inner.state.lock().expect("fabric state"));
-        self.inner.changed.send_modify(|v| *v += 1);
+        self.inner.changed.notify_waiters();
     }
 
     /// Cuts every link between a node of `a` and a node of `b`, both ways.
@@ -232,8 +267,12 @@ impl Fabric {
     }
 
     async fn wait_passes(&self, from: &str, to: &str) {
-        let mut changed = self.inner.changed.subscribe();
         loop {
+            // Registered before the check: a change between the check and
+            // the wait is not missed.
+            let changed = self.inner.changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            changed.as_mut().enable();
             if self
                 .inner
                 .state
@@ -243,9 +282,7 @@ impl Fabric {
             {
                 return;
             }
-            if changed.changed().await.is_err() {
-                return;
-            }
+            changed.await;
         }
     }
 

@@ -29,6 +29,7 @@
 
 mod api;
 mod bootstrap;
+mod entropy;
 pub mod error;
 pub mod handshake;
 pub mod inproc;

@@ -107,12 +107,16 @@ async fn a_malformed_frame_after_the_handshake_breaks_only_that_connection() {
     // A member authenticates by hand on a raw socket...
     let mut raw = TcpStream::connect(&addr).await.unwrap();
     let endpoint = vec![3u8, 10]; // bincode of the soft endpoint {rnr_retry 3, delay 10 us}
+    let secret = suite_secret();
     let info = handshake::client(
         &mut raw,
         &addr,
-        &suite_secret(),
-        Backend::Tcp,
-        7,
+        handshake::Local {
+            secret: &secret,
+            backend: Backend::Tcp,
+            node_id: 7,
+            nonce: handshake::fresh_nonce(),
+        },
         Duration::from_secs(60),
         || {
             Ok(handshake::Reveal {

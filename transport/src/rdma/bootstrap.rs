@@ -71,9 +71,13 @@ impl bootstrap::Accept for RdmaDevice {
         let accepted = handshake::server(
             &mut stream,
             peer,
-            &self.config.secret,
-            Backend::Rdma,
-            self.config.node_id,
+            handshake::Local {
+                secret: &self.config.secret,
+                backend: Backend::Rdma,
+                node_id: self.config.node_id,
+                // A real device: an unpredictable nonce.
+                nonce: handshake::fresh_nonce(),
+            },
             config.handshake_timeout,
         )
         .await?;
@@ -151,9 +155,13 @@ pub(crate) async fn connect(
     let info = handshake::client(
         &mut stream,
         addr,
-        &device.config.secret,
-        Backend::Rdma,
-        device.config.node_id,
+        handshake::Local {
+            secret: &device.config.secret,
+            backend: Backend::Rdma,
+            node_id: device.config.node_id,
+            // A real device: an unpredictable nonce.
+            nonce: handshake::fresh_nonce(),
+        },
         config.handshake_timeout,
         // Built only once the server has proven the secret.
         || {

@@ -13,6 +13,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::oneshot;
 
 use crate::api::{AcceptPolicy, DeviceConfig};
+use crate::entropy::Entropy;
 use crate::error::{Result, WcError};
 use crate::handshake::{self, PeerInfo, Reveal};
 use crate::limits::ConnSlot;
@@ -39,25 +40,43 @@ pub(crate) struct SoftDevice {
     pub(crate) atomic: AtomicCapability,
     pub(crate) live_connections: Arc<AtomicU32>,
     pub(crate) rejected: Arc<AtomicU64>,
+    /// Where its rkeys and handshake nonces come from (see
+    /// [`crate::entropy`]).
+    pub(crate) entropy: Arc<Entropy>,
 }
 
 impl SoftDevice {
+    /// A device of the tcp backend: a real deployment's, so its rkeys and
+    /// nonces come from the OS.
     pub(crate) fn tcp(config: DeviceConfig) -> SoftDevice {
-        SoftDevice::new(config, Flavor::Tcp, AtomicCapability::Global)
+        SoftDevice::new(config, Flavor::Tcp, AtomicCapability::Global, Entropy::os())
     }
 
     pub(crate) fn new(
         config: DeviceConfig,
         flavor: Flavor,
         atomic: AtomicCapability,
+        entropy: Entropy,
     ) -> SoftDevice {
+        let entropy = Arc::new(entropy);
         SoftDevice {
-            nic: Arc::new(SoftNic::new(config.limits.clone())),
+            nic: Arc::new(SoftNic::new(config.limits.clone(), entropy.clone())),
             config,
             flavor,
             atomic,
             live_connections: Arc::new(AtomicU32::new(0)),
             rejected: Arc::new(AtomicU64::new(0)),
+            entropy,
+        }
+    }
+
+    /// This device's side of a handshake, with a fresh nonce.
+    fn handshake_side(&self) -> handshake::Local<'_> {
+        handshake::Local {
+            secret: &self.config.secret,
+            backend: self.backend(),
+            node_id: self.config.node_id,
+            nonce: self.entropy.nonce(),
         }
     }
 
@@ -137,9 +156,7 @@ impl SoftDevice {
         let peer = handshake::client(
             stream,
             addr,
-            &self.config.secret,
-            self.backend(),
-            self.config.node_id,
+            self.handshake_side(),
             config.handshake_timeout,
             || {
                 Ok(Reveal {
@@ -164,9 +181,7 @@ impl SoftDevice {
         let accepted = handshake::server(
             stream,
             addr,
-            &self.config.secret,
-            self.backend(),
-            self.config.node_id,
+            self.handshake_side(),
             config.handshake_timeout,
         )
         .await?;

@@ -7,11 +7,16 @@
 //! rxe does), then touches the memory. Atomics are CPU atomics on 8-byte
 //! aligned words, so they are atomic against the application's own atomics
 //! too (what verbs calls `IBV_ATOMIC_GLOB`).
+//!
+//! rkeys are random (a guessed rkey is write access to a region): drawn
+//! from the device's [`Entropy`], the OS's for every real device, a seeded
+//! generator only for a device seeded explicitly (the in-process fabric's).
 
 use std::collections::HashMap;
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
+use crate::entropy::Entropy;
 use crate::error::{Result, TransportError, WcError};
 use crate::limits;
 use crate::types::{Access, DeviceLimits};
@@ -34,16 +39,19 @@ struct Table {
 pub(crate) struct SoftNic {
     table: RwLock<Table>,
     limits: DeviceLimits,
+    /// Where new rkeys come from.
+    entropy: Arc<Entropy>,
     /// One-sided requests refused (access or invalid request), like a NIC's
     /// error counters.
     pub(crate) refused: std::sync::atomic::AtomicU64,
 }
 
 impl SoftNic {
-    pub(crate) fn new(limits: DeviceLimits) -> SoftNic {
+    pub(crate) fn new(limits: DeviceLimits, entropy: Arc<Entropy>) -> SoftNic {
         SoftNic {
             table: RwLock::new(Table::default()),
             limits,
+            entropy,
             refused: std::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -74,7 +82,7 @@ impl SoftNic {
                 limit: self.limits.max_registered_bytes,
             });
         }
-        let rkey = fresh_key(&table.by_rkey);
+        let rkey = fresh_key(&table.by_rkey, &self.entropy);
         table
             .by_rkey
             .insert(rkey, Registration { addr, len, access });
@@ -98,7 +106,7 @@ impl SoftNic {
             .by_rkey
             .remove(&rkey)
             .ok_or_else(|| TransportError::Invalid(format!("rkey {rkey:#x} is not registered")))?;
-        let new = fresh_key(&table.by_rkey);
+        let new = fresh_key(&table.by_rkey, &self.entropy);
         debug_assert_ne!(new, rkey);
         table.by_rkey.insert(new, registration);
         Ok(new)
@@ -179,9 +187,10 @@ impl SoftNic {
     }
 }
 
-fn fresh_key(taken: &HashMap<u32, Registration>) -> u32 {
+/// An rkey not in use (and never 0), drawn from `entropy`.
+fn fresh_key(taken: &HashMap<u32, Registration>, entropy: &Entropy) -> u32 {
     loop {
-        let key: u32 = rand::random();
+        let key = entropy.word();
         if key != 0 && !taken.contains_key(&key) {
             return key;
         }
@@ -195,7 +204,7 @@ mod tests {
     /// A NIC with the default limits and all of `mem` registered with
     /// `access`: the NIC, the memory's address and its rkey.
     fn nic_over(mem: &mut [u64], access: Access) -> (SoftNic, u64, u32) {
-        let nic = SoftNic::new(DeviceLimits::default());
+        let nic = SoftNic::new(DeviceLimits::default(), Arc::new(Entropy::os()));
         let addr = mem.as_mut_ptr() as u64;
         let rkey = nic.register(addr, size_of_val(mem) as u64, access).unwrap();
         (nic, addr, rkey)
@@ -278,12 +287,30 @@ mod tests {
     }
 
     #[test]
+    fn a_seeded_nic_hands_out_the_same_rkeys() {
+        let mut mem = vec![0u8; 64];
+        let addr = mem.as_mut_ptr() as u64;
+        let keys = |seed| {
+            let nic = SoftNic::new(DeviceLimits::default(), Arc::new(Entropy::seeded(seed)));
+            let first = nic.register(addr, 64, Access::REMOTE_WRITE).unwrap();
+            let rotated = nic.rotate(first).unwrap();
+            (first, rotated)
+        };
+        assert_eq!(keys(3), keys(3));
+        assert_ne!(keys(3), keys(4));
+        drop(mem);
+    }
+
+    #[test]
     fn limits_are_enforced() {
-        let nic = SoftNic::new(DeviceLimits {
-            max_registered_bytes: 100,
-            max_regions: 2,
-            max_connections: 1,
-        });
+        let nic = SoftNic::new(
+            DeviceLimits {
+                max_registered_bytes: 100,
+                max_regions: 2,
+                max_connections: 1,
+            },
+            Arc::new(Entropy::os()),
+        );
         let mut mem = vec![0u8; 200];
         let addr = mem.as_mut_ptr() as u64;
         assert!(matches!(
