@@ -20,6 +20,7 @@
 //! - [`server`]: the follower side (adoption checks, votes, snapshots);
 //! - [`fencing`]: registrations, revocation and the node's own fence;
 //! - [`hooks`]: points where a test holds a node to script an interleaving;
+//! - [`watch`]: a watch channel that wakes its waiters in order;
 //! - [`node`]: the embedding API ([`NodeBuilder`], [`Node`]).
 
 pub mod admission;
@@ -35,6 +36,7 @@ pub mod replication;
 pub mod server;
 pub mod state_machine;
 pub mod types;
+pub mod watch;
 
 pub use log_store::{Durability, LocalGuard, LogStore, RingGuard};
 pub use network::ReplicationError;

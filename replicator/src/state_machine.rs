@@ -33,7 +33,9 @@ use futures::{Stream, TryStreamExt};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Mutex, watch};
+use tokio::sync::Mutex;
+
+use crate::watch;
 
 use crate::types::{
     Command, Control, Entry, FIRST_SEQ, LogId, Response, Session, SnapshotMeta, StoredMembership,
@@ -111,7 +113,10 @@ enum SeqCheck {
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct Sessions {
-    clients: HashMap<u64, ClientSession>,
+    /// By client id, ordered: a snapshot's bytes and the eviction's choice
+    /// between equals do not depend on a hasher's random keys (the
+    /// encoding is a map either way: snapshots of a `HashMap` still read).
+    clients: BTreeMap<u64, ClientSession>,
 }
 
 impl Sessions {

@@ -110,7 +110,7 @@ pub(crate) struct Inner {
     adoptions: Mutex<Adoptions>,
     /// Bumped whenever `adoptions` frees a waiter (a request ended, a grant
     /// finished).
-    adoptions_changed: tokio::sync::watch::Sender<u64>,
+    adoptions_changed: crate::watch::Sender<u64>,
     /// While the log is corrupt inside (DESIGN.md, recovery): no vote may be
     /// granted until the log reaches this index.
     votes_blocked_until: Mutex<Option<u64>>,
@@ -137,8 +137,10 @@ impl Drop for Inner {
 /// of an older fence holder fails its fence check.
 #[derive(Default)]
 struct Adoptions {
-    /// Per connection: records checked in place, waiting for openraft.
-    pending: std::collections::HashMap<u64, Pending>,
+    /// Per connection: records checked in place, waiting for openraft
+    /// (ordered: which of two equal ones is taken must not depend on a
+    /// hasher's random keys).
+    pending: std::collections::BTreeMap<u64, Pending>,
     /// Leader requests in flight.
     in_flight: usize,
     /// Grants waiting for the requests in flight: new requests wait behind
@@ -231,7 +233,7 @@ impl LogStore {
                 durability,
                 guard,
                 adoptions: Mutex::new(Adoptions::default()),
-                adoptions_changed: tokio::sync::watch::channel(0).0,
+                adoptions_changed: crate::watch::channel(0).0,
                 votes_blocked_until: Mutex::new(blocked),
                 flush: Arc::new(FlushShared::new(flush_from)),
                 meta_io: Mutex::new(()),

@@ -180,7 +180,11 @@ impl RaftNetworkV2<TypeConfig> for PeerNet {
                 what: "no answer to a snapshot's last part".into(),
             })
         };
+        // Biased: when both are ready the replication is closed either
+        // way, and an unbiased select draws its order from the runtime's
+        // unseeded generator.
         tokio::select! {
+            biased;
             closed = cancel => Err(StreamingError::Closed(closed)),
             result = send => result.map_err(streaming_error),
         }

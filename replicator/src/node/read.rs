@@ -182,12 +182,12 @@ impl Node {
     }
 
     /// A watch of the last applied index.
-    pub fn watch_applied(&self) -> tokio::sync::watch::Receiver<u64> {
+    pub fn watch_applied(&self) -> crate::watch::Receiver<u64> {
         self.inner.sm.watch_applied()
     }
 
     /// A watch of the first index kept (0 while nothing was trimmed).
-    pub fn watch_first_index(&self) -> tokio::sync::watch::Receiver<u64> {
+    pub fn watch_first_index(&self) -> crate::watch::Receiver<u64> {
         self.inner.sm.watch_first()
     }
 }

@@ -19,12 +19,15 @@ const RETENTION_WAIT: Duration = Duration::from_secs(30);
 /// and every [`RETENTION_CHECK`], while the node lives.
 pub(super) async fn keep_retention(
     node: std::sync::Weak<Inner>,
-    mut first: tokio::sync::watch::Receiver<u64>,
+    mut first: crate::watch::Receiver<u64>,
 ) {
     let mut tick = tokio::time::interval(RETENTION_CHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // Biased: both wake the same step, and an unbiased select draws
+        // its order from the runtime's unseeded generator.
         tokio::select! {
+            biased;
             changed = first.changed() => if changed.is_err() { return },
             _ = tick.tick() => {}
         }

@@ -336,6 +336,7 @@ fn spawn_tasks(
             ring: storage.ring.clone(),
             hooks,
             admission: storage.admission.clone(),
+            next_connection: std::sync::atomic::AtomicU64::new(1),
         }),
     );
     let pressure = tokio::spawn(wake_admission_on_change(

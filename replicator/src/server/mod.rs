@@ -40,10 +40,11 @@ pub struct ServerCtx {
     pub hooks: Option<crate::hooks::Hooks>,
     /// Admission by free ring space, in front of forwarded proposals.
     pub admission: crate::admission::Admission,
+    /// Names accepted connections (a prepared adoption belongs to one):
+    /// per node, so that the names do not depend on what else ran in the
+    /// process.
+    pub next_connection: std::sync::atomic::AtomicU64,
 }
-
-/// Names accepted connections (a prepared adoption belongs to one).
-static NEXT_CONNECTION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Serves `listener` until it closes.
 pub fn spawn(mut listener: Listener, ctx: Arc<ServerCtx>) -> tokio::task::JoinHandle<()> {
@@ -56,7 +57,9 @@ pub fn spawn(mut listener: Listener, ctx: Arc<ServerCtx>) -> tokio::task::JoinHa
 
 async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
     let peer = conn.peer().node_id;
-    let conn_id = NEXT_CONNECTION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let conn_id = ctx
+        .next_connection
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut acceptor = Acceptor::new(peer);
     let mut pipeline = Pipeline::new(ctx.clone(), conn_id);
     loop {
