@@ -20,8 +20,14 @@
 //! - [`server`]: the follower side (adoption checks, votes, snapshots);
 //! - [`fencing`]: registrations, revocation and the node's own fence;
 //! - [`hooks`]: points where a test holds a node to script an interleaving;
+//! - [`rt`]: the runtime openraft runs on, with seeded randomness;
 //! - [`watch`]: a watch channel that wakes its waiters in order;
 //! - [`node`]: the embedding API ([`NodeBuilder`], [`Node`]).
+//!
+//! # Determinism
+//!
+//! A node configured with a seed ([`NodeConfig::seed`]) draws openraft's
+//! random choices from it ([`rt`]); the default (no seed) is production's.
 
 pub mod admission;
 pub mod fencing;
@@ -33,6 +39,7 @@ pub mod network;
 pub mod node;
 pub mod protocol;
 pub mod replication;
+pub mod rt;
 pub mod server;
 pub mod state_machine;
 pub mod types;

@@ -121,7 +121,9 @@ pub type NodeInfo = openraft::impls::BasicNode;
 
 openraft::declare_raft_types!(
     /// ringraft's openraft type configuration: standard leader ids (a log id
-    /// is a term and an index, which is what a ring record carries).
+    /// is a term and an index, which is what a ring record carries), and
+    /// tokio with seeded randomness ([`crate::rt::Runtime`]: openraft's
+    /// spawns and random draws must run inside a seed scope).
     pub TypeConfig:
         D = Command,
         R = Response,
@@ -129,6 +131,7 @@ openraft::declare_raft_types!(
         Node = NodeInfo,
         Term = u64,
         LeaderId = openraft::impls::leader_id_std::LeaderId<u64, u64>,
+        AsyncRuntime = crate::rt::Runtime,
 );
 
 /// A log id.

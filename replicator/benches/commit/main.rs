@@ -233,14 +233,20 @@ impl Cluster {
             std::fs::create_dir_all(&data_dir).expect("data dir");
             let sm = SmStore::open(Box::new(Counter::default()), Some(&data_dir))
                 .expect("state machine");
-            let raft = Raft::new(
-                id,
-                config.clone(),
-                DirectNetwork {
-                    registry: registry.clone(),
-                },
-                MemLog::default(),
-                sm,
+            // ringraft's type config runs openraft with seeded randomness:
+            // Raft starts inside a seed scope (`ringraft::rt`), drawn from
+            // the OS like a node's without a configured seed.
+            let raft = ringraft::rt::scoped(
+                ringraft::rt::Seeds::from_entropy().next(),
+                Raft::new(
+                    id,
+                    config.clone(),
+                    DirectNetwork {
+                        registry: registry.clone(),
+                    },
+                    MemLog::default(),
+                    sm,
+                ),
             )
             .await
             .expect("raft starts");

@@ -89,6 +89,12 @@ pub struct NodeConfig {
     pub admission_wait_ms: u64,
     /// Queue pair parameters of every connection.
     pub conn: ConnConfig,
+    /// The seed of openraft's random draws in this node (election
+    /// timeouts, see [`crate::rt`]); `None` (the default): drawn from the
+    /// OS at start, so that nodes and runs differ. A seed makes a node's
+    /// draws reproducible, not its run: that also takes a seeded fabric
+    /// (the in-process one) and a single-threaded runtime with paused time.
+    pub seed: Option<u64>,
 }
 
 impl NodeConfig {
@@ -117,6 +123,7 @@ impl NodeConfig {
                 max_message_bytes: MAX_MESSAGE_BYTES,
                 ..ConnConfig::default()
             },
+            seed: None,
         }
     }
 }

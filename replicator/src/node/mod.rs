@@ -69,6 +69,8 @@ struct Inner {
     /// A connection to the leader, for forwarded proposals and read indexes.
     leader_link: tokio::sync::Mutex<Option<(u64, crate::network::PeerNet)>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The seeds of the node's scopes ([`crate::rt`]).
+    seeds: Arc<crate::rt::Seeds>,
 }
 
 impl Drop for Inner {
@@ -96,9 +98,21 @@ impl Node {
         &self.inner.listen_addr
     }
 
-    /// The openraft handle (for what this API does not cover).
+    /// The openraft handle (for what this API does not cover). The parts
+    /// of openraft's API that spawn a task (`on_leader_change`,
+    /// `on_cluster_leader_change`, `stream_append`) panic outside a seed
+    /// scope ([`crate::rt`]): call them within [`Node::scoped`].
     pub fn raft(&self) -> &Raft {
         &self.inner.raft
+    }
+
+    /// Runs `future` in a seed scope of this node's ([`crate::rt`]): what a
+    /// direct call of openraft's API that spawns a task needs.
+    pub fn scoped<F: std::future::Future>(
+        &self,
+        future: F,
+    ) -> impl std::future::Future<Output = F::Output> {
+        crate::rt::scoped(self.inner.seeds.next(), future)
     }
 
     /// The log store.

@@ -2,9 +2,14 @@
 //! (check the configuration, open the fabric device, open the storage,
 //! listen, start Raft and the node's background tasks).
 //!
+//! Everything from opening the storage on runs in the node's seed scope
+//! ([`crate::rt`]): openraft's tasks (started by `Raft::new`) take their
+//! seeds from it, and the node's own tasks are spawned with seeds of the
+//! node's [`Seeds`].
+//!
 //! Owns the order in which a node's parts are made and wired together; it
 //! must never run protocol logic itself, nor start Raft before the ring is
-//! registered and the flusher runs.
+//! registered and the flusher runs, nor outside the node's seed scope.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +26,7 @@ use crate::log_store::LogStore;
 use crate::metrics::Metrics;
 use crate::network::{NetCtx, NetworkFactory};
 use crate::protocol::{Hello, encode};
+use crate::rt::{self, Seeds};
 use crate::server::{self, ServerCtx};
 use crate::state_machine::{SmStore, StateMachine};
 use crate::types::Raft;
@@ -72,8 +78,17 @@ impl NodeBuilder {
     }
 
     /// Opens the data directory, registers the ring with the fabric, starts
-    /// listening and starts Raft.
+    /// listening and starts Raft, in the node's seed scope
+    /// ([`NodeConfig::seed`], else one drawn from the OS).
     pub async fn start(self) -> Result<Node, NodeError> {
+        let seeds = Arc::new(match self.config.seed {
+            Some(seed) => Seeds::new(seed),
+            None => Seeds::from_entropy(),
+        });
+        rt::scoped(seeds.next(), self.start_in_scope(seeds)).await
+    }
+
+    async fn start_in_scope(self, seeds: Arc<Seeds>) -> Result<Node, NodeError> {
         let NodeBuilder {
             config,
             fabric,
@@ -112,7 +127,7 @@ impl NodeBuilder {
         )
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
-        let mut tasks = spawn_tasks(listener, &raft, &storage, hooks);
+        let mut tasks = spawn_tasks(listener, &raft, &storage, hooks, &seeds);
         tracing::info!(
             node = config.id,
             listen = %listen_addr,
@@ -128,10 +143,10 @@ impl NodeBuilder {
             ..
         } = storage;
         let inner = Arc::new_cyclic(|node| {
-            tasks.push(tokio::spawn(keep_retention(
-                node.clone(),
-                sm_store.watch_first(),
-            )));
+            tasks.push(rt::spawn(
+                &seeds,
+                keep_retention(node.clone(), sm_store.watch_first()),
+            ));
             Inner {
                 config,
                 listen_addr,
@@ -146,6 +161,7 @@ impl NodeBuilder {
                 net_ctx,
                 leader_link: tokio::sync::Mutex::new(None),
                 tasks,
+                seeds: seeds.clone(),
             }
         });
         Ok(Node { inner })
@@ -327,6 +343,7 @@ fn spawn_tasks(
     raft: &Raft,
     storage: &Storage,
     hooks: Option<crate::hooks::Hooks>,
+    seeds: &Arc<Seeds>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let server = server::spawn(
         listener,
@@ -336,23 +353,24 @@ fn spawn_tasks(
             ring: storage.ring.clone(),
             hooks,
             admission: storage.admission.clone(),
+            seeds: seeds.clone(),
             next_connection: std::sync::atomic::AtomicU64::new(1),
         }),
     );
-    let pressure = tokio::spawn(wake_admission_on_change(
-        raft.clone(),
-        storage.admission.clone(),
-    ));
+    let pressure = rt::spawn(
+        seeds,
+        wake_admission_on_change(raft.clone(), storage.admission.clone()),
+    );
     let mut tasks = vec![server, pressure];
     if storage.store.votes_blocked() {
         // DESIGN.md, recovery: a node that forgot entries inside its log
         // neither votes (the server refuses) nor stands for election until
         // a leader re-replicated past the break.
         raft.runtime_config().elect(false);
-        tasks.push(tokio::spawn(reenable_elections(
-            raft.clone(),
-            storage.store.clone(),
-        )));
+        tasks.push(rt::spawn(
+            seeds,
+            reenable_elections(raft.clone(), storage.store.clone()),
+        ));
     }
     tasks
 }
@@ -384,7 +402,6 @@ fn accept_members_of(cluster_id: u64, hello: Vec<u8>) -> ringraft_transport::Acc
 /// back: room never waits for a snapshot, because entries leave the ring as
 /// soon as they are in the segments.
 async fn wake_admission_on_change(raft: Raft, admission: Admission) {
-    use openraft::async_runtime::WatchReceiver;
     let mut metrics = raft.metrics();
     while metrics.changed().await.is_ok() {
         admission.space_freed();

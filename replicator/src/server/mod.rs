@@ -40,6 +40,9 @@ pub struct ServerCtx {
     pub hooks: Option<crate::hooks::Hooks>,
     /// Admission by free ring space, in front of forwarded proposals.
     pub admission: crate::admission::Admission,
+    /// The seeds of the node's scopes: each connection's task gets one
+    /// ([`crate::rt`]).
+    pub seeds: Arc<crate::rt::Seeds>,
     /// Names accepted connections (a prepared adoption belongs to one):
     /// per node, so that the names do not depend on what else ran in the
     /// process.
@@ -48,9 +51,10 @@ pub struct ServerCtx {
 
 /// Serves `listener` until it closes.
 pub fn spawn(mut listener: Listener, ctx: Arc<ServerCtx>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
+    let seeds = ctx.seeds.clone();
+    crate::rt::spawn(&seeds, async move {
         while let Some(conn) = listener.accept().await {
-            tokio::spawn(serve_connection(conn, ctx.clone()));
+            crate::rt::spawn(&ctx.seeds, serve_connection(conn, ctx.clone()));
         }
     })
 }
