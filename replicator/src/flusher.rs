@@ -24,10 +24,18 @@
 //! segments go through the same states as the ring, in the same order, and
 //! openraft sees its writes complete in the order it made them.
 //!
-//! Never: hold the wal lock (or the queue's) across I/O; complete an
-//! `fsync` callback before the flush that covers it returned; reorder
-//! callbacks; run the I/O on an async worker (the flusher runs on its own
-//! thread, or is stepped by a test or a simulator: [`Flusher::step`]).
+//! Where it runs is the store's `IoMode`: on a thread of its own
+//! ([`Flusher::run`], production: the I/O never occupies an async worker),
+//! or as a task of the runtime ([`Flusher::run_async`], a deterministic
+//! simulation: no thread outside the runtime; its rounds' writes and
+//! flushes block the runtime while they last), or stepped by a test
+//! ([`Flusher::step`]).
+//!
+//! Never: hold the wal lock (or the queue's) across I/O or an `.await`;
+//! complete an `fsync` callback before the flush that covers it returned;
+//! reorder callbacks; wait for work by blocking a thread the runtime
+//! needs (the task waits on a [`tokio::sync::Notify`], the thread on a
+//! condvar).
 
 use std::collections::VecDeque;
 use std::io;
@@ -153,7 +161,11 @@ pub(crate) struct FlushQueue {
 #[derive(Default)]
 pub(crate) struct FlushShared {
     queue: Mutex<FlushQueue>,
+    /// Wakes a flusher on a thread ([`Flusher::run`]).
     wake: Condvar,
+    /// Wakes a flusher task ([`Flusher::run_async`]); a wake while it
+    /// works is kept as a permit.
+    wake_task: tokio::sync::Notify,
 }
 
 impl FlushShared {
@@ -164,6 +176,7 @@ impl FlushShared {
                 ..FlushQueue::default()
             }),
             wake: Condvar::new(),
+            wake_task: tokio::sync::Notify::new(),
         }
     }
 
@@ -174,12 +187,14 @@ impl FlushShared {
     /// Wakes the flusher: there is work.
     pub(crate) fn wake(&self) {
         self.wake.notify_all();
+        self.wake_task.notify_one();
     }
 
     /// Ends the flusher (the store is dropped).
     pub(crate) fn stop(&self) {
         self.lock().stopped = true;
         self.wake.notify_all();
+        self.wake_task.notify_one();
     }
 }
 
@@ -260,7 +275,8 @@ pub struct Round {
 }
 
 /// The node's flusher: run it on a thread of its own ([`Flusher::run`]),
-/// or step it ([`Flusher::step`]) from a test.
+/// as a task ([`Flusher::run_async`]), or step it ([`Flusher::step`]) from
+/// a test.
 pub struct Flusher<S: SegmentSink> {
     store: Weak<crate::log_store::Inner>,
     shared: Arc<FlushShared>,
@@ -332,6 +348,42 @@ impl<S: SegmentSink> Flusher<S> {
             if self.step().is_none() {
                 return;
             }
+        }
+    }
+
+    /// Runs rounds until the store is dropped, as a task of the runtime:
+    /// waits for work on the store's notification, never by blocking the
+    /// thread, and yields between rounds. While the disk is full, a round
+    /// is retried every [`DISK_FULL_RETRY`] of the runtime's time.
+    pub async fn run_async(mut self) {
+        loop {
+            let (idle, disk_full) = {
+                let q = self.shared.lock();
+                if q.stopped {
+                    return;
+                }
+                let idle = q.failed.is_some() || (q.done == q.submitted && q.ops.is_empty());
+                (idle, q.disk_full.is_some())
+            };
+            if idle {
+                // A wake since the check left a permit: no work is missed.
+                self.shared.wake_task.notified().await;
+                continue;
+            }
+            if disk_full {
+                let retry_at = tokio::time::Instant::now() + DISK_FULL_RETRY;
+                while !self.shared.lock().stopped && tokio::time::Instant::now() < retry_at {
+                    let _ =
+                        tokio::time::timeout_at(retry_at, self.shared.wake_task.notified()).await;
+                }
+                if self.shared.lock().stopped {
+                    return;
+                }
+            }
+            if self.step().is_none() {
+                return;
+            }
+            tokio::task::yield_now().await;
         }
     }
 

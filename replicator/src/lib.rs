@@ -26,8 +26,12 @@
 //!
 //! # Determinism
 //!
-//! A node configured with a seed ([`NodeConfig::seed`]) draws openraft's
-//! random choices from it ([`rt`]); the default (no seed) is production's.
+//! A node configured with a seed ([`NodeConfig::seed`]) and
+//! [`IoMode::Inline`] (no thread of its own, nothing on `spawn_blocking`),
+//! on the in-process fabric (whose delays, rkeys and nonces follow the
+//! fabric's seed), on a single-threaded tokio runtime with paused time, runs
+//! as a function of those seeds: the same seeds replay the same run. The
+//! defaults (no seed, [`IoMode::Threads`]) are production's.
 
 pub mod admission;
 pub mod fencing;
@@ -45,7 +49,7 @@ pub mod state_machine;
 pub mod types;
 pub mod watch;
 
-pub use log_store::{Durability, LocalGuard, LogStore, RingGuard};
+pub use log_store::{Durability, IoMode, LocalGuard, LogStore, RingGuard};
 pub use network::ReplicationError;
 pub use node::{
     Fabric, LogRead, LogRecord, Node, NodeBuilder, NodeConfig, NodeError, ReadConsistency, Status,

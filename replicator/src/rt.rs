@@ -17,8 +17,9 @@
 //! A node's seed is [`crate::NodeConfig::seed`], or drawn from the OS at
 //! start when it is `None` (production: election timeouts differ between
 //! nodes and runs, as before). With the same seed, a node makes the same
-//! draws in the same order: on a single-threaded runtime with paused time
-//! and the in-process fabric, a run is a function of its seeds.
+//! draws in the same order: with [`crate::IoMode::Inline`], on a
+//! single-threaded runtime with paused time and the in-process fabric, a
+//! run is a function of its seeds.
 //!
 //! [`Tokio`] is openraft's tokio runtime with one change, the watch
 //! channel: [`crate::watch`] wakes waiters in the order they waited, where

@@ -12,7 +12,7 @@ use openraft::storage::{IOFlushed, RaftLogReader, RaftLogStorage};
 use openraft::type_config::TypeConfigExt;
 use ringraft::flusher::SegmentSink;
 use ringraft::types::{Entry, TypeConfig, log_id};
-use ringraft::{Durability, LocalGuard, LogStore};
+use ringraft::{Durability, IoMode, LocalGuard, LogStore};
 use ringraft_wal::{RingConfig, Wal, WalError};
 
 /// What the flusher did to its sink.
@@ -47,6 +47,10 @@ impl SegmentSink for Counting {
 }
 
 fn store(durability: Durability) -> (tempfile::TempDir, LogStore) {
+    store_with(durability, IoMode::Threads)
+}
+
+fn store_with(durability: Durability, io: IoMode) -> (tempfile::TempDir, LogStore) {
     let dir = tempfile::tempdir().unwrap();
     let config = RingConfig {
         capacity: 1 << 20,
@@ -57,7 +61,7 @@ fn store(durability: Durability) -> (tempfile::TempDir, LogStore) {
     };
     let wal = Wal::open(&dir.path().join("data"), &dir.path().join("shm"), &config).unwrap();
     let guard = Arc::new(LocalGuard::default());
-    let store = LogStore::new(wal, 1, durability, guard.clone());
+    let store = LogStore::with_io(wal, 1, durability, io, guard.clone());
     guard.bind(&store);
     (dir, store)
 }
@@ -281,4 +285,36 @@ async fn a_full_disk_refuses_proposals_and_the_log_resumes_once_space_is_freed()
         entries.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
         vec![0, 1, 2, 3, 4]
     );
+}
+
+/// `IoMode::Inline`: the flusher is a task of the (one-threaded, paused)
+/// runtime, woken by each append instead of a condvar, and the vote is
+/// saved inline: nothing needs a thread of its own.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_inline_flusher_is_a_task_woken_by_the_appends() {
+    let (_dir, mut store) = store_with(Durability::Fsync, IoMode::Inline);
+    let sink = Counting::default();
+    let flusher = tokio::spawn(store.flusher(sink.clone()).run_async());
+    let started = tokio::time::Instant::now();
+    for round in 0..3u64 {
+        let entries = if round == 0 {
+            vec![entry(1, 0), entry(1, 1)]
+        } else {
+            vec![entry(1, round + 1)]
+        };
+        let callback = append(&mut store, entries).await;
+        callback.await.expect("completed").expect("flushed");
+    }
+    assert_eq!(
+        started.elapsed(),
+        std::time::Duration::ZERO,
+        "woken at once, not by a timer"
+    );
+    assert_eq!(sink.0.lock().unwrap().syncs, 3, "one round per append");
+    let vote = ringraft::types::Vote::new(2, 1);
+    store.save_vote(&vote).await.unwrap();
+    assert_eq!(store.read_vote().await.unwrap(), Some(vote));
+    // (It would end with the store, but the store and its bound guard keep
+    // each other alive.)
+    flusher.abort();
 }

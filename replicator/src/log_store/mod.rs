@@ -21,7 +21,14 @@
 //! the leader's own log as for a follower's answer) only once the flusher's
 //! `fdatasync` covers them; in `memory` mode at once (the ring survives a
 //! killed process). No lock is held across I/O: the metadata file is written
-//! outside the wal lock, the segments by the flusher's thread.
+//! outside the wal lock, the segments by the flusher.
+//!
+//! Where the blocking work runs is the store's [`IoMode`]: in production
+//! ([`IoMode::Threads`]) the flusher has a thread of its own and the
+//! metadata file is written on tokio's blocking pool; in a deterministic
+//! simulation ([`IoMode::Inline`]) the flusher is a task of the runtime and
+//! the metadata file is written inline, so that nothing runs outside the
+//! runtime's one thread.
 //!
 //! The vote lives in the metadata file. Whenever the term advances, the
 //! store first calls the [`RingGuard`] to revoke every remote write access
@@ -58,6 +65,25 @@ pub enum Durability {
     Memory,
     /// msync'ed before it is acknowledged (group commit per append).
     Fsync,
+}
+
+/// Where a store's blocking work runs: its flusher (`crate::flusher`) and
+/// the writes of its metadata file (the vote, the purge point).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum IoMode {
+    /// The flusher on a thread of its own, the metadata writes on tokio's
+    /// blocking pool (`spawn_blocking`): no async worker waits for the
+    /// disk. What a real node uses.
+    #[default]
+    Threads,
+    /// Everything on the runtime's tasks: the flusher is a tokio task the
+    /// store wakes (it never blocks a thread while it waits; its writes and
+    /// flushes block the runtime while they last), and the metadata writes
+    /// run inline in the storage call. What a deterministic simulation
+    /// needs (one thread, paused time): work done by another thread would
+    /// finish at a moment of real time, not of the simulation's, and the
+    /// runtime would let virtual time jump while it ran.
+    Inline,
 }
 
 /// What the store needs from the fabric side of the node.
@@ -116,6 +142,8 @@ pub(crate) struct Inner {
     votes_blocked_until: Mutex<Option<u64>>,
     /// The flusher's queue (`crate::flusher`).
     flush: Arc<FlushShared>,
+    /// Where the blocking work runs.
+    io: IoMode,
     /// Held while the metadata file is written (outside the wal lock).
     meta_io: Mutex<()>,
 }
@@ -198,11 +226,24 @@ impl Debug for LogStore {
 }
 
 impl LogStore {
-    /// A store over an open data directory.
+    /// A store over an open data directory, doing its blocking work on
+    /// threads ([`IoMode::Threads`]).
     pub fn new(
         wal: Wal,
         node_id: u64,
         durability: Durability,
+        guard: Arc<dyn RingGuard>,
+    ) -> LogStore {
+        LogStore::with_io(wal, node_id, durability, IoMode::Threads, guard)
+    }
+
+    /// A store over an open data directory, doing its blocking work as `io`
+    /// says.
+    pub fn with_io(
+        wal: Wal,
+        node_id: u64,
+        durability: Durability,
+        io: IoMode,
         guard: Arc<dyn RingGuard>,
     ) -> LogStore {
         let recovery = *wal.recovery();
@@ -236,6 +277,7 @@ impl LogStore {
                 adoptions_changed: crate::watch::channel(0).0,
                 votes_blocked_until: Mutex::new(blocked),
                 flush: Arc::new(FlushShared::new(flush_from)),
+                io,
                 meta_io: Mutex::new(()),
             }),
         }
@@ -251,8 +293,9 @@ impl LogStore {
     }
 
     /// The node's flusher over `sink` (its segment log): run it on a thread
-    /// of its own ([`Flusher::run`]) or step it. Until it runs, `fsync`
-    /// appends are not acknowledged and the ring is not given room back.
+    /// of its own ([`Flusher::run`]), as a task ([`Flusher::run_async`]), or
+    /// step it. Until it runs, `fsync` appends are not acknowledged and the
+    /// ring is not given room back.
     pub fn flusher<S: SegmentSink>(&self, sink: S) -> Flusher<S> {
         Flusher::new(
             Arc::downgrade(&self.inner),
@@ -262,9 +305,11 @@ impl LogStore {
         )
     }
 
-    /// Takes the wal's segment log and runs the flusher over it on a
-    /// thread of its own (named for the node), which ends when the store
-    /// is dropped. `on_room` is called whenever it gives ring bytes back.
+    /// Takes the wal's segment log and runs the flusher over it, which
+    /// ends when the store is dropped: on a thread of its own (named for
+    /// the node) in [`IoMode::Threads`], as a tokio task in
+    /// [`IoMode::Inline`] (call it within a runtime then). `on_room` is
+    /// called whenever it gives ring bytes back.
     ///
     /// # Errors
     /// When the segment log was taken already or the thread cannot start.
@@ -275,10 +320,22 @@ impl LogStore {
             .ok_or_else(|| io_err("the segment log is taken already: one flusher per store"))?;
         let mut flusher = self.flusher(segments);
         flusher.on_room(on_room);
-        std::thread::Builder::new()
-            .name(format!("ringraft-flush-{}", self.inner.node_id))
-            .spawn(move || flusher.run())
-            .map(drop)
+        match self.inner.io {
+            IoMode::Threads => std::thread::Builder::new()
+                .name(format!("ringraft-flush-{}", self.inner.node_id))
+                .spawn(move || flusher.run())
+                .map(drop),
+            IoMode::Inline => {
+                // Ends by itself once the store is gone; nothing to join.
+                drop(tokio::spawn(flusher.run_async()));
+                Ok(())
+            }
+        }
+    }
+
+    /// Where this store's blocking work runs.
+    pub fn io_mode(&self) -> IoMode {
+        self.inner.io
     }
 
     /// Numbers a change just made to the ring and wakes the flusher;
@@ -337,10 +394,27 @@ impl LogStore {
         rx.await.map_err(|_| io_err("the flusher stopped"))?
     }
 
+    /// [`LogStore::store_meta`] where the store's [`IoMode`] says: on
+    /// tokio's blocking pool, or inline.
+    async fn save_meta(
+        &self,
+        change: impl FnOnce(&Wal) -> Option<(std::path::PathBuf, ringraft_wal::Meta)> + Send + 'static,
+    ) -> io::Result<bool> {
+        match self.inner.io {
+            IoMode::Threads => {
+                let store = self.clone();
+                tokio::task::spawn_blocking(move || store.store_meta(change))
+                    .await
+                    .map_err(io_err)?
+            }
+            IoMode::Inline => self.store_meta(change),
+        }
+    }
+
     /// Stores the metadata `change` makes of the current one (`None`: no
-    /// change) durably, then takes it: blocking, for a blocking thread. The
-    /// wal lock is not held across the write (readers and appends go on);
-    /// `meta_io` keeps two writers from losing each other's change.
+    /// change) durably, then takes it: blocking. The wal lock is not held
+    /// across the write (readers and appends go on); `meta_io` keeps two
+    /// writers from losing each other's change.
     fn store_meta(
         &self,
         change: impl FnOnce(&Wal) -> Option<(std::path::PathBuf, ringraft_wal::Meta)>,

@@ -70,10 +70,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             // Fencing: no remote writer keeps access across a term change.
             self.inner.guard.revoke()?;
         }
-        let store = self.clone();
-        tokio::task::spawn_blocking(move || store.store_meta(|wal| Some(wal.vote_meta(record))))
-            .await
-            .map_err(io_err)??;
+        self.save_meta(move |wal| Some(wal.vote_meta(record)))
+            .await?;
         if term_advances {
             // Again once the vote is saved: a grant that checked the old
             // vote while it was being saved rotated after the first
@@ -156,12 +154,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
         // The purge point is stored durably first (the metadata file), so
         // that the log never looks longer than it is after a crash.
-        let store = self.clone();
         let upto = pos(&log_id);
-        let purged =
-            tokio::task::spawn_blocking(move || store.store_meta(|wal| wal.purge_meta(upto)))
-                .await
-                .map_err(io_err)??;
+        let purged = self.save_meta(move |wal| wal.purge_meta(upto)).await?;
         if purged {
             let mut wal = self.wal();
             wal.purge_ring(upto);

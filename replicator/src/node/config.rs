@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ringraft_transport::{ConnConfig, Device};
 
-use crate::log_store::Durability;
+use crate::log_store::{Durability, IoMode};
 use crate::protocol::MAX_MESSAGE_BYTES;
 
 /// Which fabric a node uses.
@@ -92,9 +92,14 @@ pub struct NodeConfig {
     /// The seed of openraft's random draws in this node (election
     /// timeouts, see [`crate::rt`]); `None` (the default): drawn from the
     /// OS at start, so that nodes and runs differ. A seed makes a node's
-    /// draws reproducible, not its run: that also takes a seeded fabric
-    /// (the in-process one) and a single-threaded runtime with paused time.
+    /// draws reproducible, not its run: that also takes [`IoMode::Inline`],
+    /// a seeded fabric (the in-process one) and a single-threaded runtime
+    /// with paused time.
     pub seed: Option<u64>,
+    /// Where the storage's blocking work runs (default
+    /// [`IoMode::Threads`]; [`IoMode::Inline`] for a deterministic
+    /// simulation).
+    pub io: IoMode,
 }
 
 impl NodeConfig {
@@ -124,6 +129,7 @@ impl NodeConfig {
                 ..ConnConfig::default()
             },
             seed: None,
+            io: IoMode::Threads,
         }
     }
 }

@@ -250,7 +250,13 @@ fn open_storage(
         config.listen.clone(),
         hooks,
     );
-    let store = LogStore::new(wal, config.id, config.durability, Arc::new(guard.clone()));
+    let store = LogStore::with_io(
+        wal,
+        config.id,
+        config.durability,
+        config.io,
+        Arc::new(guard.clone()),
+    );
     guard.bind(&store);
     let admission = Admission::new(
         Arc::new(store.clone()),
@@ -261,7 +267,8 @@ fn open_storage(
     .map_err(NodeError::Config)?;
     ring.keep_alive(store.clone());
     // Group commit beside the Raft core: the flusher writes what the
-    // ring takes to the segments, on a thread of its own.
+    // ring takes to the segments, on a thread of its own or as a task
+    // (`config.io`).
     let freed = admission.clone();
     store
         .start_flusher(move || freed.space_freed())
