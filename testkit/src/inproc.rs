@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ringraft::{
-    Applied, Durability, Fabric, Node, NodeBuilder, NodeConfig, NodeError, StateMachine,
+    Applied, Durability, Fabric, IoMode, Node, NodeBuilder, NodeConfig, NodeError, StateMachine,
 };
 use ringraft_transport::inproc;
 use serde::{Deserialize, Serialize};
@@ -128,6 +128,24 @@ pub struct Cluster {
     pub members: BTreeMap<u64, Member>,
     /// The client id of the next proposal's session.
     next_client_id: AtomicU64,
+}
+
+/// The node options of a run that is a function of the cluster's seed:
+/// each node's openraft draws follow a seed of its own (the `id`-th of the
+/// cluster seed's stream), and its storage works on the runtime's tasks
+/// only ([`IoMode::Inline`]). For [`Cluster::start_with`] on the inproc
+/// fabric (seeded by the same seed), run on a current-thread runtime with
+/// paused time; the nodes keep their seeds across restarts.
+pub fn deterministic(seed: u64) -> impl Fn(&mut NodeConfig) {
+    move |config| {
+        let seeds = ringraft::rt::Seeds::new(seed);
+        let node_seed = (0..config.id.max(1))
+            .map(|_| seeds.next())
+            .last()
+            .expect("at least one draw");
+        config.seed = Some(node_seed);
+        config.io = IoMode::Inline;
+    }
 }
 
 /// Installs a tracing subscriber once (RUST_LOG decides what shows).
