@@ -684,7 +684,7 @@ impl LogStore {
 
     /// Changes whenever a prepared adoption is taken or dropped, a leader
     /// request ends or a grant finishes.
-    pub fn watch_adoptions(&self) -> tokio::sync::watch::Receiver<u64> {
+    pub fn watch_adoptions(&self) -> crate::watch::Receiver<u64> {
         self.inner.adoptions_changed.subscribe()
     }
 
