@@ -1,0 +1,62 @@
+//! What must hold: after every fault, no two running nodes have applied
+//! different entries at one index (data or term); at the end, that again,
+//! and the checker's verdict on the history against every node's final log
+//! (nothing acknowledged lost, nothing applied twice, one order, each
+//! client's order, no stale leader's acknowledgement or write).
+//!
+//! Pure reads of the world: it never changes it.
+
+use std::collections::BTreeMap;
+
+use crate::world::World;
+
+/// The agreement check, after a fault.
+pub fn after_step(world: &World) -> Result<(), String> {
+    agreement(world)
+}
+
+/// Agreement and the checker's verdict, at the end.
+pub fn at_end(world: &World) -> Result<(), String> {
+    agreement(world)?;
+    let verdict = world.cluster.check(&world.history);
+    if verdict.valid {
+        return Ok(());
+    }
+    let mut kinds: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for anomaly in &verdict.anomalies {
+        *kinds.entry(anomaly.kind.name()).or_default() += 1;
+    }
+    let first = verdict
+        .anomalies
+        .first()
+        .map(|a| a.message.clone())
+        .unwrap_or_default();
+    Err(format!("checker: {kinds:?}; first: {first}"))
+}
+
+/// No two running nodes applied different entries at one index.
+fn agreement(world: &World) -> Result<(), String> {
+    let mut seen: BTreeMap<u64, (u64, u64, Vec<u8>)> = BTreeMap::new();
+    for id in world.cluster.running() {
+        let applied = world.cluster.applied(id);
+        for ((index, data), term) in applied.entries.iter().zip(&applied.terms) {
+            match seen.get(index) {
+                None => {
+                    seen.insert(*index, (id, *term, data.clone()));
+                }
+                Some((other, other_term, other_data))
+                    if other_term != term || other_data != data =>
+                {
+                    return Err(format!(
+                        "nodes {other} and {id} applied different entries at index {index}: \
+                         {:?} (term {other_term}) and {:?} (term {term})",
+                        String::from_utf8_lossy(other_data),
+                        String::from_utf8_lossy(data)
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    Ok(())
+}

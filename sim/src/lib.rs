@@ -1,0 +1,102 @@
+//! # ringraft-sim
+//!
+//! A seeded cluster simulator (after TigerBeetle's VOPR and FoundationDB's
+//! simulation): a cluster of real ringraft nodes (the sans-IO replication
+//! core and its glue, the wal ring, openraft) runs on one thread with
+//! simulated time (tokio's paused clock) over the in-process fabric; clients
+//! append in sessions and read; a nemesis injects faults chosen by the
+//! seed; the run is checked after every fault and at the end by
+//! `ringraft-checker` (nothing acknowledged lost, nothing applied twice, one
+//! order on every node and per client, no stale leader's acknowledgement)
+//! and by the simulator's own agreement check on the applied logs.
+//!
+//! - [`world`]: the cluster, the registry of running nodes, the trace;
+//! - [`workload`]: the clients;
+//! - [`nemesis`]: the faults;
+//! - [`checks`]: what must hold after every step and at the end.
+//!
+//! It must never read the wall clock or an unseeded random source in the
+//! simulated world: everything a run does follows from its seed (see
+//! `README.md` for what is and is not deterministic yet).
+
+pub mod checks;
+pub mod nemesis;
+pub mod workload;
+pub mod world;
+
+use std::time::Duration;
+
+/// What a run does.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Nodes in the cluster.
+    pub nodes: u64,
+    /// Clients appending in sessions.
+    pub clients: u64,
+    /// Faults the nemesis injects, one after another.
+    pub faults: u64,
+    /// Record the trace (every event with its simulated time).
+    pub trace: bool,
+    /// How long, in simulated time, the cluster gets to agree after the
+    /// last fault is healed.
+    pub converge: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            nodes: 3,
+            clients: 3,
+            faults: 6,
+            trace: false,
+            converge: Duration::from_secs(30),
+        }
+    }
+}
+
+/// How a run ended.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// Its seed.
+    pub seed: u64,
+    /// Why it failed (`None`: every check held).
+    pub failure: Option<String>,
+    /// Client operations that completed (ok, failed or unknown).
+    pub operations: u64,
+    /// Appends acknowledged.
+    pub acknowledged: u64,
+    /// Faults injected.
+    pub faults: u64,
+    /// Simulated time the run took.
+    pub simulated: Duration,
+    /// The trace, when asked for.
+    pub trace: Vec<String>,
+}
+
+impl Outcome {
+    /// One line: the seed, its verdict and its counts.
+    pub fn line(&self) -> String {
+        let verdict = match &self.failure {
+            None => "ok".to_string(),
+            Some(why) => format!("FAILED: {why}"),
+        };
+        format!(
+            "seed {}: {verdict} ({} operations, {} acknowledged, {} faults, {:.1} s simulated)",
+            self.seed,
+            self.operations,
+            self.acknowledged,
+            self.faults,
+            self.simulated.as_secs_f64()
+        )
+    }
+}
+
+/// Runs seed `seed` on a runtime of its own (one thread, paused clock).
+pub fn run_seed(seed: u64, options: &Options) -> Outcome {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    runtime.block_on(world::run(seed, options))
+}

@@ -1,0 +1,286 @@
+//! The faults: the seed picks one after another (with a pause between
+//! them), each held for a while and then healed: a partition (a minority
+//! cut off both ways), a one-way cut, a crash and restart, a pause (the
+//! node's traffic frozen while it runs on), message delays, a leadership
+//! transfer, damage to a stopped follower's log. A fault that cuts the
+//! leader off records the checker's isolated-leader window, closed only
+//! after the majority elected a leader of a later term.
+//!
+//! It owns what a fault does to the world; it never judges the run (the
+//! checks do) except when the cluster does not recover from a healed
+//! fault within its patience, which is a failure of the run.
+
+use std::time::Duration;
+
+use rand::RngExt;
+use ringraft_testkit::inproc::damage;
+use serde_json::json;
+
+use crate::world::World;
+
+/// How long the majority may take to elect a leader once the old one is
+/// cut off (simulated).
+const ELECTION_PATIENCE: Duration = Duration::from_secs(15);
+
+/// One fault.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// `minority` is cut off from the rest, both ways.
+    Partition {
+        /// The nodes cut off.
+        minority: Vec<u64>,
+    },
+    /// Frames from `from` to `to` are held.
+    OneWay {
+        /// The sender.
+        from: u64,
+        /// The receiver.
+        to: u64,
+    },
+    /// `node` stops and starts again over its data.
+    Crash {
+        /// The node.
+        node: u64,
+    },
+    /// Nothing leaves or reaches `node`, which runs on.
+    Pause {
+        /// The node.
+        node: u64,
+    },
+    /// Every frame is delayed by up to `max_ms`.
+    Delay {
+        /// The longest delay.
+        max_ms: u64,
+    },
+    /// The leader hands leadership to `to`.
+    Transfer {
+        /// The new leader.
+        to: u64,
+    },
+    /// A follower stops, a bit of its last entry flips on disk and in its
+    /// ring, and it starts again (recovery must find it).
+    Damage {
+        /// The follower.
+        node: u64,
+    },
+}
+
+fn addr(world: &World, id: u64) -> String {
+    world.cluster.members[&id].config.listen.clone()
+}
+
+fn ids(world: &World) -> Vec<u64> {
+    world.cluster.members.keys().copied().collect()
+}
+
+/// Picks the next fault.
+fn choose(world: &mut World, leader: Option<u64>) -> Fault {
+    let ids = ids(world);
+    let n = ids.len();
+    let any = |world: &mut World| ids[world.rng.random_range(0..n)];
+    let other = |world: &mut World, not: u64| {
+        let others: Vec<u64> = ids.iter().copied().filter(|id| *id != not).collect();
+        others[world.rng.random_range(0..others.len())]
+    };
+    let leader_or_any = |world: &mut World| match leader {
+        Some(l) if world.rng.random_bool(0.6) => l,
+        _ => any(world),
+    };
+    match world.rng.random_range(0..7) {
+        0 => {
+            let first = leader_or_any(world);
+            let mut minority = vec![first];
+            // In a cluster of five, sometimes two.
+            if n >= 5 && world.rng.random_bool(0.5) {
+                minority.push(other(world, first));
+            }
+            minority.sort_unstable();
+            minority.dedup();
+            Fault::Partition { minority }
+        }
+        1 => {
+            let from = leader_or_any(world);
+            Fault::OneWay {
+                from,
+                to: other(world, from),
+            }
+        }
+        2 => Fault::Crash {
+            node: leader_or_any(world),
+        },
+        3 => Fault::Pause {
+            node: leader_or_any(world),
+        },
+        4 => Fault::Delay {
+            max_ms: world.rng.random_range(1..40),
+        },
+        5 => match leader {
+            Some(l) => Fault::Transfer {
+                to: other(world, l),
+            },
+            None => Fault::Delay { max_ms: 5 },
+        },
+        _ => match leader {
+            Some(l) => Fault::Damage {
+                node: other(world, l),
+            },
+            None => Fault::Crash { node: any(world) },
+        },
+    }
+}
+
+/// Waits a while, injects the next fault, holds it, heals it.
+pub async fn step(world: &mut World) -> Result<(), String> {
+    let gap = Duration::from_millis(world.rng.random_range(100..800));
+    tokio::time::sleep(gap).await;
+    let leader = world.leader(Duration::from_millis(500)).await;
+    let fault = choose(world, leader.map(|(id, _)| id));
+    let hold = Duration::from_millis(world.rng.random_range(300..3000));
+    world.trace.event(|| format!("fault {fault:?} for {hold:?}"));
+    world
+        .history
+        .nemesis_start(fault_name(&fault), json!(format!("{fault:?}")));
+    apply(world, &fault, leader, hold).await?;
+    world
+        .history
+        .nemesis_stop(fault_name(&fault), json!(format!("{fault:?}")));
+    world.trace.event(|| format!("healed {fault:?}"));
+    Ok(())
+}
+
+fn fault_name(fault: &Fault) -> &'static str {
+    match fault {
+        Fault::Partition { .. } => "partition",
+        Fault::OneWay { .. } => "one-way",
+        Fault::Crash { .. } => "crash",
+        Fault::Pause { .. } => "pause",
+        Fault::Delay { .. } => "delay",
+        Fault::Transfer { .. } => "transfer",
+        Fault::Damage { .. } => "damage",
+    }
+}
+
+async fn apply(
+    world: &mut World,
+    fault: &Fault,
+    leader: Option<(u64, u64)>,
+    hold: Duration,
+) -> Result<(), String> {
+    match fault {
+        Fault::Partition { minority } => {
+            let rest: Vec<u64> = ids(world)
+                .into_iter()
+                .filter(|id| !minority.contains(id))
+                .collect();
+            let (a, b): (Vec<String>, Vec<String>) = (
+                minority.iter().map(|id| addr(world, *id)).collect(),
+                rest.iter().map(|id| addr(world, *id)).collect(),
+            );
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            let b: Vec<&str> = b.iter().map(String::as_str).collect();
+            world.cluster.fabric.partition(&a, &b);
+            isolated(world, leader, minority, &rest, hold).await?;
+            world.cluster.fabric.heal();
+        }
+        Fault::OneWay { from, to } => {
+            world
+                .cluster
+                .fabric
+                .cut_one_way(&addr(world, *from), &addr(world, *to));
+            tokio::time::sleep(hold).await;
+            world.cluster.fabric.heal();
+        }
+        Fault::Crash { node } => {
+            world.stop(*node).await;
+            tokio::time::sleep(hold).await;
+            world.boot(*node).await?;
+        }
+        Fault::Pause { node } => {
+            world.cluster.fabric.pause(&addr(world, *node));
+            let rest: Vec<u64> = ids(world).into_iter().filter(|id| id != node).collect();
+            isolated(world, leader, &[*node], &rest, hold).await?;
+            world.cluster.fabric.resume(&addr(world, *node));
+        }
+        Fault::Delay { max_ms } => {
+            world
+                .cluster
+                .fabric
+                .set_delay(Duration::ZERO, Duration::from_millis(*max_ms));
+            tokio::time::sleep(hold).await;
+            world.cluster.fabric.set_delay(Duration::ZERO, Duration::ZERO);
+        }
+        Fault::Transfer { to } => {
+            if let Some((leader, _)) = leader
+                && let Some((_, node)) = world.nodes.running().into_iter().find(|(id, _)| *id == leader)
+            {
+                // Refused or overtaken by events: either is fine.
+                let _ = tokio::time::timeout(hold, node.transfer_leader(*to)).await;
+            }
+            tokio::time::sleep(hold).await;
+        }
+        Fault::Damage { node } => {
+            let last = world.cluster.applied(*node).entries.last().map(|(i, _)| *i);
+            world.stop(*node).await;
+            if let Some(index) = last {
+                damage::flip_bit(&world.cluster, *node, index);
+                world.trace.event(|| format!("flipped a bit of entry {index} of node {node}"));
+            }
+            tokio::time::sleep(hold).await;
+            world.boot(*node).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Holds a fault that cut `cut` off from `rest`. If it cut the leader off,
+/// that is an isolated-leader window for the checker, closed once `rest`
+/// elected a leader of a later term.
+async fn isolated(
+    world: &mut World,
+    leader: Option<(u64, u64)>,
+    cut: &[u64],
+    rest: &[u64],
+    hold: Duration,
+) -> Result<(), String> {
+    let Some((old, term)) = leader.filter(|(id, _)| cut.contains(id)) else {
+        tokio::time::sleep(hold).await;
+        return Ok(());
+    };
+    world.history.leader_isolated(old, term);
+    tokio::time::sleep(hold).await;
+    let deadline = tokio::time::Instant::now() + ELECTION_PATIENCE;
+    loop {
+        let new = rest
+            .iter()
+            .filter_map(|id| world.nodes.running().into_iter().find(|(n, _)| n == id))
+            .map(|(_, node)| node.status())
+            .find(|s| s.state == "Leader" && s.term > term);
+        if let Some(new) = new {
+            world
+                .trace
+                .event(|| format!("node {} leads term {} after {old} was cut off", new.id, new.term));
+            world.history.leader_healed(old, term);
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "no leader of a term after {term} among {rest:?} within {ELECTION_PATIENCE:?} \
+                 of cutting off the leader {old}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Undoes every fault: cuts, pauses, delays healed, stopped nodes started.
+pub async fn heal_all(world: &mut World) -> Result<(), String> {
+    world.cluster.fabric.heal();
+    world.cluster.fabric.set_delay(Duration::ZERO, Duration::ZERO);
+    for id in ids(world) {
+        world.cluster.fabric.resume(&addr(world, id));
+        if !world.cluster.running().contains(&id) {
+            world.boot(id).await?;
+        }
+    }
+    Ok(())
+}
