@@ -1,0 +1,18 @@
+//! The simulator on a fixed range of seeds: every run must pass its checks.
+//! (A longer soak: `cargo run -p ringraft-sim --release -- --seeds 0..1000`.)
+
+use ringraft_sim::{Options, run_seed};
+
+/// The seeds CI runs.
+const SEEDS: std::ops::Range<u64> = 0..8;
+
+#[test]
+fn a_fixed_range_of_seeds_passes() {
+    let options = Options::default();
+    let failures: Vec<String> = SEEDS
+        .map(|seed| run_seed(seed, &options))
+        .filter(|outcome| outcome.failure.is_some())
+        .map(|outcome| outcome.line())
+        .collect();
+    assert!(failures.is_empty(), "failing seeds:\n{}", failures.join("\n"));
+}
