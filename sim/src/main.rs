@@ -13,7 +13,10 @@ use clap::Parser;
 use ringraft_sim::{Options, run_seed};
 
 #[derive(Parser, Debug)]
-#[command(name = "ringraft-sim", about = "A seeded cluster simulator for ringraft")]
+#[command(
+    name = "ringraft-sim",
+    about = "A seeded cluster simulator for ringraft"
+)]
 struct Args {
     /// Seeds to run, as `A..B` (B excluded).
     #[arg(long, value_parser = parse_range, conflicts_with = "seed")]

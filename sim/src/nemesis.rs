@@ -136,7 +136,9 @@ pub async fn step(world: &mut World) -> Result<(), String> {
     let leader = world.leader(Duration::from_millis(500)).await;
     let fault = choose(world, leader.map(|(id, _)| id));
     let hold = Duration::from_millis(world.rng.random_range(300..3000));
-    world.trace.event(|| format!("fault {fault:?} for {hold:?}"));
+    world
+        .trace
+        .event(|| format!("fault {fault:?} for {hold:?}"));
     world
         .history
         .nemesis_start(fault_name(&fault), json!(format!("{fault:?}")));
@@ -207,11 +209,18 @@ async fn apply(
                 .fabric
                 .set_delay(Duration::ZERO, Duration::from_millis(*max_ms));
             tokio::time::sleep(hold).await;
-            world.cluster.fabric.set_delay(Duration::ZERO, Duration::ZERO);
+            world
+                .cluster
+                .fabric
+                .set_delay(Duration::ZERO, Duration::ZERO);
         }
         Fault::Transfer { to } => {
             if let Some((leader, _)) = leader
-                && let Some((_, node)) = world.nodes.running().into_iter().find(|(id, _)| *id == leader)
+                && let Some((_, node)) = world
+                    .nodes
+                    .running()
+                    .into_iter()
+                    .find(|(id, _)| *id == leader)
             {
                 // Refused or overtaken by events: either is fine.
                 let _ = tokio::time::timeout(hold, node.transfer_leader(*to)).await;
@@ -223,7 +232,9 @@ async fn apply(
             world.stop(*node).await;
             if let Some(index) = last {
                 damage::flip_bit(&world.cluster, *node, index);
-                world.trace.event(|| format!("flipped a bit of entry {index} of node {node}"));
+                world
+                    .trace
+                    .event(|| format!("flipped a bit of entry {index} of node {node}"));
             }
             tokio::time::sleep(hold).await;
             world.boot(*node).await?;
@@ -232,9 +243,10 @@ async fn apply(
     Ok(())
 }
 
-/// Holds a fault that cut `cut` off from `rest`. If it cut the leader off,
-/// that is an isolated-leader window for the checker, closed once `rest`
-/// elected a leader of a later term.
+/// Holds a fault that cut `cut` off from `rest`. If it cut the leader off
+/// and `rest` can elect, that is an isolated-leader window for the checker,
+/// closed once `rest` elected a leader of a later term (which must happen
+/// within [`ELECTION_PATIENCE`]).
 async fn isolated(
     world: &mut World,
     leader: Option<(u64, u64)>,
@@ -246,6 +258,23 @@ async fn isolated(
         tokio::time::sleep(hold).await;
         return Ok(());
     };
+    // The checker's window closes only once another node leads a later
+    // term. A node whose log is corrupt inside grants no vote until it is
+    // re-replicated (DESIGN.md, recovery): if the others cannot elect, the
+    // cluster waits for the heal, and this is no isolated-leader window.
+    let running = world.nodes.running();
+    let can_elect = rest.iter().all(|id| {
+        running
+            .iter()
+            .any(|(n, node)| n == id && !node.log_store().votes_blocked())
+    });
+    if !can_elect {
+        world.trace.event(|| {
+            format!("leader {old} cut off while {rest:?} cannot elect (votes blocked or down)")
+        });
+        tokio::time::sleep(hold).await;
+        return Ok(());
+    }
     world.history.leader_isolated(old, term);
     tokio::time::sleep(hold).await;
     let deadline = tokio::time::Instant::now() + ELECTION_PATIENCE;
@@ -256,16 +285,37 @@ async fn isolated(
             .map(|(_, node)| node.status())
             .find(|s| s.state == "Leader" && s.term > term);
         if let Some(new) = new {
-            world
-                .trace
-                .event(|| format!("node {} leads term {} after {old} was cut off", new.id, new.term));
+            world.trace.event(|| {
+                format!(
+                    "node {} leads term {} after {old} was cut off",
+                    new.id, new.term
+                )
+            });
             world.history.leader_healed(old, term);
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
+            let views: Vec<String> = world
+                .nodes
+                .running()
+                .into_iter()
+                .filter(|(id, _)| rest.contains(id))
+                .map(|(id, node)| {
+                    let s = node.status();
+                    format!(
+                        "node {id}: {} of term {}, leader {:?}, last log {:?}, votes blocked: {}",
+                        s.state,
+                        s.term,
+                        s.leader_id,
+                        s.last_log_index,
+                        node.log_store().votes_blocked()
+                    )
+                })
+                .collect();
             return Err(format!(
                 "no leader of a term after {term} among {rest:?} within {ELECTION_PATIENCE:?} \
-                 of cutting off the leader {old}"
+                 of cutting off the leader {old} ({})",
+                views.join("; ")
             ));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -275,7 +325,10 @@ async fn isolated(
 /// Undoes every fault: cuts, pauses, delays healed, stopped nodes started.
 pub async fn heal_all(world: &mut World) -> Result<(), String> {
     world.cluster.fabric.heal();
-    world.cluster.fabric.set_delay(Duration::ZERO, Duration::ZERO);
+    world
+        .cluster
+        .fabric
+        .set_delay(Duration::ZERO, Duration::ZERO);
     for id in ids(world) {
         world.cluster.fabric.resume(&addr(world, id));
         if !world.cluster.running().contains(&id) {

@@ -1,9 +1,13 @@
 //! The clients: each one a session (`Session`: a client id, consecutive
-//! seqs) appending through a node the seed picks, retrying the same seq
-//! across timeouts and leader changes (exactly-once by the session table),
-//! one append in flight at a time; every invocation and completion goes
-//! into the history with the client and the seq, for the checker's
-//! exactly-once and client-order rules.
+//! seqs) appending through a node the seed picks, retrying the same seq on
+//! that node across timeouts and leader changes (exactly-once by the
+//! session table; the node forwards to the leader), one append in flight
+//! at a time; every invocation and completion goes into the history with
+//! the client, the seq and the node it was sent to, for the checker's
+//! exactly-once, client-order and stale-leader rules. An append whose
+//! outcome stays unknown (its node stopped, or it ran out of patience)
+//! ends that session: the client goes on in a new one (a session's seqs
+//! are applied in order, so it could not go past the unknown one).
 //!
 //! It owns what the clients do and their counts; it never injects a fault
 //! and never judges (a refusal a client cannot explain is reported, not
@@ -113,12 +117,24 @@ impl Clients {
     }
 }
 
+/// Sessions one client may go through (its session ids are
+/// `client * SESSIONS_PER_CLIENT + n`).
+const SESSIONS_PER_CLIENT: u64 = 1 << 20;
+
 async fn client_loop(ctx: Ctx, client: u64, mut rng: StdRng, stopped: watch::Receiver<bool>) {
+    let mut session = client * SESSIONS_PER_CLIENT;
     let mut seq = ringraft::types::FIRST_SEQ;
     while !*stopped.borrow() {
-        let data = format!("c{client}-{seq}");
-        append(&ctx, &mut rng, client, seq, &data, PATIENCE).await;
-        seq += 1;
+        let data = format!("c{session}-{seq}");
+        if append(&ctx, &mut rng, session, seq, &data, PATIENCE)
+            .await
+            .is_some()
+        {
+            seq += 1;
+        } else {
+            session += 1;
+            seq = ringraft::types::FIRST_SEQ;
+        }
         let pause = Duration::from_millis(rng.random_range(0..30));
         tokio::time::sleep(pause).await;
     }
@@ -140,23 +156,35 @@ async fn append(
         seq,
     };
     let deadline = Instant::now() + patience;
-    let mut invoked = false;
-    let mut last_error = String::from("no node was running");
-    while Instant::now() < deadline {
+    // The node it is sent to, for all its attempts: the checker's
+    // stale-leader rules judge an acknowledgement by where it was asked.
+    let node_id = loop {
         let running = ctx.nodes.running();
-        if running.is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
+        if !running.is_empty() {
+            break running[rng.random_range(0..running.len())].0;
         }
-        let (node_id, node) = running[rng.random_range(0..running.len())].clone();
-        if !invoked {
-            ctx.history.record(
-                Event::append_invoke(0, process, data)
-                    .in_client(client, seq)
-                    .with_node(node_id),
-            );
-            invoked = true;
+        if Instant::now() >= deadline {
+            return None;
         }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    ctx.history.record(
+        Event::append_invoke(0, process, data)
+            .in_client(client, seq)
+            .with_node(node_id),
+    );
+    let mut last_error = String::from("no attempt");
+    while Instant::now() < deadline {
+        // A restarted node is a new handle; a stopped one ends the append.
+        let Some((_, node)) = ctx
+            .nodes
+            .running()
+            .into_iter()
+            .find(|(id, _)| *id == node_id)
+        else {
+            last_error = format!("node {node_id} stopped");
+            break;
+        };
         let attempt = node.propose_in_session(session, data.as_bytes().to_vec());
         match tokio::time::timeout(ATTEMPT, attempt).await {
             Ok(Ok(response)) => {
@@ -191,13 +219,12 @@ async fn append(
         let backoff = Duration::from_millis(rng.random_range(10..60));
         tokio::time::sleep(backoff).await;
     }
-    if invoked {
-        ctx.history.record(
-            Event::append_completion(0, process, EventType::Info, data, None)
-                .with_error(last_error),
-        );
-        ctx.counters.operations.fetch_add(1, Ordering::Relaxed);
-    }
+    ctx.trace
+        .event(|| format!("client {client} seq {seq} unknown: {last_error}"));
+    ctx.history.record(
+        Event::append_completion(0, process, EventType::Info, data, None).with_error(last_error),
+    );
+    ctx.counters.operations.fetch_add(1, Ordering::Relaxed);
     None
 }
 

@@ -150,14 +150,17 @@ pub async fn run(seed: u64, options: &Options) -> Outcome {
     } else {
         Durability::Fsync
     };
-    let cluster = Cluster::start_with(Kind::Inproc, options.nodes, durability, seed, |_| {}).await;
+    // Every node's openraft draws from the seed, and its disk I/O runs
+    // inline (no thread of its own): the run is a function of the seed.
+    let nodes_seeded = ringraft_testkit::inproc::deterministic(seed);
+    let cluster =
+        Cluster::start_with(Kind::Inproc, options.nodes, durability, seed, nodes_seeded).await;
     let nodes = Nodes::default();
     for id in cluster.running() {
         nodes.set(id, Some(cluster.node(id).clone()));
     }
-    let history = Recorder::with_clock(move || {
-        u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
-    });
+    let history =
+        Recorder::with_clock(move || u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX));
     let trace = Trace::new(options.trace, start);
     trace.event(|| format!("seed {seed}: {} nodes, {durability:?}", options.nodes));
     let mut world = World {

@@ -14,5 +14,28 @@ fn a_fixed_range_of_seeds_passes() {
         .filter(|outcome| outcome.failure.is_some())
         .map(|outcome| outcome.line())
         .collect();
-    assert!(failures.is_empty(), "failing seeds:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "failing seeds:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn a_seed_replays_exactly_and_another_seed_differs() {
+    let options = Options {
+        trace: true,
+        faults: 3,
+        ..Options::default()
+    };
+    let first = run_seed(5, &options);
+    let again = run_seed(5, &options);
+    assert!(
+        first.trace.len() > 100,
+        "a trace of {} lines",
+        first.trace.len()
+    );
+    assert_eq!(first.trace, again.trace, "seed 5 ran twice differently");
+    let other = run_seed(6, &options);
+    assert_ne!(first.trace, other.trace, "seeds 5 and 6 ran the same");
 }

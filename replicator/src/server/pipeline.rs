@@ -147,7 +147,13 @@ impl Pipeline {
                 self.end_stream(stream, &AppendEntriesResponse::Conflict);
                 Reply::Error(fatal.to_string())
             }
-            None => Reply::Error("openraft's append stream ended".into()),
+            None => {
+                // openraft's side went away (its core stopped): nothing
+                // more will come on this stream.
+                self.input = None;
+                self.answers = None;
+                Reply::Error("openraft's append stream ended".into())
+            }
         };
         // Records openraft did not take stay out of the log, and are
         // erased (only this request's: a later one may have prepared).
@@ -236,7 +242,9 @@ impl Pipeline {
             self.stream += 1;
             let (input, rx) = mpsc::channel(FOLLOWER_PIPELINE_DEPTH);
             let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
-            self.answers = Some(Box::pin(self.ctx.raft.stream_append(stream)));
+            // Fused: polled after its end (a request sent after openraft's
+            // core stopped), it stays ended.
+            self.answers = Some(Box::pin(self.ctx.raft.stream_append(stream).fuse()));
             self.input = Some(input);
         }
         let request = AppendEntriesRequest {
