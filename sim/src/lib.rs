@@ -91,12 +91,64 @@ impl Outcome {
     }
 }
 
-/// Runs seed `seed` on a runtime of its own (one thread, paused clock).
+/// Runs seed `seed` on a runtime of its own (one thread, paused clock). A
+/// panic anywhere in the run (a node's task included: tokio would only
+/// end that task) fails it.
 pub fn run_seed(seed: u64, options: &Options) -> Outcome {
+    panics::watch();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
         .build()
         .expect("a current-thread runtime");
-    runtime.block_on(world::run(seed, options))
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime.block_on(world::run(seed, options))
+    }));
+    drop(runtime);
+    let mut outcome = run.unwrap_or_else(|_| Outcome {
+        seed,
+        failure: None,
+        operations: 0,
+        acknowledged: 0,
+        faults: 0,
+        simulated: Duration::ZERO,
+        trace: Vec::new(),
+    });
+    if let Some(panic) = panics::take().into_iter().next() {
+        outcome.failure = Some(format!("panicked: {panic}"));
+    }
+    outcome
+}
+
+/// Panics on this thread (the run's: a current-thread runtime polls every
+/// task on the thread that runs it).
+mod panics {
+    use std::cell::RefCell;
+    use std::sync::Once;
+
+    thread_local! {
+        static SEEN: RefCell<Option<Vec<String>>> = const { RefCell::new(None) };
+    }
+
+    /// From now on, panics on this thread are kept (and still printed).
+    pub(crate) fn watch() {
+        static HOOK: Once = Once::new();
+        HOOK.call_once(|| {
+            let default = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                SEEN.with(|seen| {
+                    if let Some(seen) = seen.borrow_mut().as_mut() {
+                        seen.push(info.to_string());
+                    }
+                });
+                default(info);
+            }));
+        });
+        SEEN.with(|seen| *seen.borrow_mut() = Some(Vec::new()));
+    }
+
+    /// The panics kept since [`watch`].
+    pub(crate) fn take() -> Vec<String> {
+        SEEN.with(|seen| seen.borrow_mut().take().unwrap_or_default())
+    }
 }
