@@ -69,6 +69,14 @@ struct Ctx {
     counters: Arc<Counters>,
 }
 
+impl Counters {
+    /// Keeps the first thing a client saw that no fault explains.
+    fn fail(&self, why: String) {
+        let mut failure = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        failure.get_or_insert(why);
+    }
+}
+
 impl Clients {
     /// Starts `count` clients, each with a generator of its own derived
     /// from the world's seed.
@@ -158,16 +166,7 @@ async fn append(
     let deadline = Instant::now() + patience;
     // The node it is sent to, for all its attempts: the checker's
     // stale-leader rules judge an acknowledgement by where it was asked.
-    let node_id = loop {
-        let running = ctx.nodes.running();
-        if !running.is_empty() {
-            break running[rng.random_range(0..running.len())].0;
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let node_id = pick_node(ctx, rng, deadline).await?;
     ctx.history.record(
         Event::append_invoke(0, process, data)
             .in_client(client, seq)
@@ -188,13 +187,10 @@ async fn append(
         let attempt = node.propose_in_session(session, data.as_bytes().to_vec());
         match tokio::time::timeout(ATTEMPT, attempt).await {
             Ok(Ok(response)) => {
-                ctx.history.record(Event::append_completion(
-                    0,
-                    process,
-                    EventType::Ok,
-                    data,
-                    Some(response.index),
-                ));
+                let ok = EventType::Ok;
+                let index = Some(response.index);
+                ctx.history
+                    .record(Event::append_completion(0, process, ok, data, index));
                 ctx.counters.operations.fetch_add(1, Ordering::Relaxed);
                 ctx.counters.acknowledged.fetch_add(1, Ordering::Relaxed);
                 ctx.trace
@@ -203,12 +199,8 @@ async fn append(
             }
             Ok(Err(e)) => {
                 if let Some(why) = unexplained(&e) {
-                    let mut failure = ctx
-                        .counters
-                        .failure
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner());
-                    failure.get_or_insert(format!("client {client} seq {seq}: {why}"));
+                    ctx.counters
+                        .fail(format!("client {client} seq {seq}: {why}"));
                 }
                 last_error = e.to_string();
             }
@@ -226,6 +218,20 @@ async fn append(
     );
     ctx.counters.operations.fetch_add(1, Ordering::Relaxed);
     None
+}
+
+/// A running node the seed picks, waiting for one until `deadline`.
+async fn pick_node(ctx: &Ctx, rng: &mut StdRng, deadline: Instant) -> Option<u64> {
+    loop {
+        let running = ctx.nodes.running();
+        if !running.is_empty() {
+            return Some(running[rng.random_range(0..running.len())].0);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Errors a client under faults must never see.
