@@ -99,6 +99,28 @@ impl Link {
         }
     }
 
+    /// The payloads of `request`'s entries, encoded, and `request` cut to
+    /// the prefix whose records take at most half of a ring of `capacity`
+    /// (the last entry kept, where it cut anything).
+    fn encode_and_cut(
+        &mut self,
+        request: &mut AppendRequest,
+        capacity: u64,
+    ) -> Result<(Option<LogId>, Vec<Vec<u8>>), ReplicationError> {
+        let mut payloads = request
+            .entries
+            .iter()
+            .map(|e| encode_payload(&e.payload))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ReplicationError::Codec(format!("an entry's payload: {e}")))?;
+        let sent_to = cut_to_fit(request, payloads.iter().map(Vec::len), capacity / 2);
+        if let Some(sent_to) = sent_to {
+            payloads.truncate(request.entries.len());
+            self.events.push_back(LinkEvent::Cut { sent_to });
+        }
+        Ok((sent_to, payloads))
+    }
+
     /// Encodes `request`'s entries as records after the follower's tip, cut
     /// to the prefix whose records take at most half its ring, and stages
     /// them until they fit.
@@ -110,21 +132,7 @@ impl Link {
         mut request: AppendRequest,
     ) -> Result<(), ReplicationError> {
         let view = self.view.expect("a view for a one-sided batch");
-        let mut payloads = request
-            .entries
-            .iter()
-            .map(|e| encode_payload(&e.payload))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| ReplicationError::Codec(format!("an entry's payload: {e}")))?;
-        let sent_to = cut_to_fit(
-            &mut request,
-            payloads.iter().map(Vec::len),
-            view.capacity / 2,
-        );
-        if let Some(sent_to) = sent_to {
-            payloads.truncate(request.entries.len());
-            self.events.push_back(LinkEvent::Cut { sent_to });
-        }
+        let (sent_to, payloads) = self.encode_and_cut(&mut request, view.capacity)?;
         let bad_grant = |e: ringraft_wal::record::EncodeError| ReplicationError::Protocol {
             node: self.config.target,
             what: format!("it granted a ring this leader cannot write: {e}"),
@@ -293,16 +301,7 @@ impl Link {
         mut request: AppendRequest,
     ) -> Result<(), ReplicationError> {
         let view = self.view.expect("a view for a batch");
-        let lens = request
-            .entries
-            .iter()
-            .map(|e| encode_payload(&e.payload).map(|p| p.len()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| ReplicationError::Codec(format!("an entry's payload: {e}")))?;
-        let sent_to = cut_to_fit(&mut request, lens, view.capacity / 2);
-        if let Some(sent_to) = sent_to {
-            self.events.push_back(LinkEvent::Cut { sent_to });
-        }
+        let (sent_to, _) = self.encode_and_cut(&mut request, view.capacity)?;
         self.events.push_back(LinkEvent::TwoSided {
             entries: request.entries.len(),
         });
