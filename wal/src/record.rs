@@ -516,6 +516,12 @@ impl WriteBuffer {
     pub fn byte_len(&self) -> usize {
         self.segments.iter().map(|s| s.bytes.len()).sum()
     }
+
+    /// The physical runs to write, in order, taken out of the buffer (a
+    /// leader hands them to the fabric without copying them again).
+    pub fn into_segments(self) -> Vec<Segment> {
+        self.segments
+    }
 }
 
 impl RecordSink for WriteBuffer {

@@ -255,24 +255,33 @@ impl Link {
                 last,
             },
         };
-        for segment in staged.buffer.segments() {
-            let Some(at) = view.data.at(segment.physical, segment.bytes.len() as u64) else {
-                let error = self.protocol("records outside the data area it granted");
-                return self.fail_front(Some(staged.ticket), error);
-            };
-            let op = self.new_op();
-            self.ops.push_back(Op::Write {
-                op,
-                at,
-                bytes: segment.bytes.clone(),
-            });
-        }
-        self.events.push_back(LinkEvent::Written {
+        let written = LinkEvent::Written {
             from_lsn: staged.buffer.start_lsn(),
             to_lsn: staged.buffer.end_lsn(),
             bytes: staged.buffer.byte_len() as u64,
             entries,
-        });
+        };
+        // Every run inside the granted area before any is posted.
+        let Some(places) = staged
+            .buffer
+            .segments()
+            .iter()
+            .map(|s| view.data.at(s.physical, s.bytes.len() as u64))
+            .collect::<Option<Vec<_>>>()
+        else {
+            let error = self.protocol("records outside the data area it granted");
+            return self.fail_front(Some(staged.ticket), error);
+        };
+        // The encoded bytes move to the operations: no copy on this path.
+        for (at, segment) in places.into_iter().zip(staged.buffer.into_segments()) {
+            let op = self.new_op();
+            self.ops.push_back(Op::Write {
+                op,
+                at,
+                bytes: segment.bytes,
+            });
+        }
+        self.events.push_back(written);
         self.post(
             Some(staged.ticket),
             control,
