@@ -41,6 +41,8 @@ pub mod log_store;
 pub mod metrics;
 pub mod network;
 pub mod node;
+#[cfg(feature = "planted-bugs")]
+pub mod planted;
 pub mod protocol;
 pub mod replication;
 pub mod rt;

@@ -2,7 +2,10 @@
 //!
 //! - `ringraft-sim --seeds 0..200`: one line per failing seed and a summary;
 //!   exit 1 if any seed failed;
-//! - `ringraft-sim --seed 7 --trace`: one run, its trace printed.
+//! - `ringraft-sim --seed 7 --trace`: one run, its trace printed;
+//! - `ringraft-sim --planted NAME --seeds 0..200 --until-failure` (a build
+//!   with the `planted-bugs` feature): the same with a planted bug on,
+//!   stopping at the first seed that finds it.
 //!
 //! Exit codes: 0 every seed passed, 1 a seed failed, 2 a usage error.
 
@@ -36,6 +39,27 @@ struct Args {
     /// Faults per run.
     #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     faults: u64,
+    /// Switch a planted bug on (a build with the `planted-bugs` feature):
+    /// regrant-stale-term, skip-epoch-check, ack-before-flush.
+    #[arg(long, value_name = "NAME")]
+    planted: Option<String>,
+    /// Stop at the first failing seed.
+    #[arg(long)]
+    until_failure: bool,
+}
+
+/// Switches the planted bug `name` on, or says why it cannot be.
+fn plant(name: &str) -> Result<(), String> {
+    #[cfg(feature = "planted-bugs")]
+    {
+        ringraft::planted::choose(name)
+    }
+    #[cfg(not(feature = "planted-bugs"))]
+    {
+        Err(format!(
+            "--planted {name}: this build has no planted bugs (build with --features planted-bugs)"
+        ))
+    }
 }
 
 fn parse_range(s: &str) -> Result<Range<u64>, String> {
@@ -67,6 +91,12 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
+    if let Some(name) = &args.planted
+        && let Err(e) = plant(name)
+    {
+        eprintln!("ringraft-sim: {e}");
+        return ExitCode::from(2);
+    }
     let options = Options {
         nodes: args.nodes,
         clients: args.clients,
@@ -92,6 +122,9 @@ fn main() -> ExitCode {
         if outcome.failure.is_some() {
             failed += 1;
             println!("{}", outcome.line());
+            if args.until_failure {
+                break;
+            }
         } else if options.trace || runs == 1 && args.seed.is_some() {
             println!("{}", outcome.line());
         }

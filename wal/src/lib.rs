@@ -64,6 +64,7 @@ pub mod disk;
 pub mod error;
 pub mod layout;
 pub mod meta;
+pub mod planted;
 pub mod record;
 pub mod recovery;
 pub mod ring;

@@ -126,6 +126,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 self.changed(None);
                 callback.io_completed(Ok(()));
             }
+            // PLANTED BUG `ack-before-flush` (test-only): acknowledged
+            // at once, the flush left to the flusher.
+            #[cfg(feature = "planted-bugs")]
+            Durability::Fsync if crate::planted::is_on(crate::planted::ACK_BEFORE_FLUSH) => {
+                self.changed(None);
+                callback.io_completed(Ok(()));
+            }
             // Acknowledged once the flusher's flush covers it.
             Durability::Fsync => self.changed(Some(Waiter::Io(callback))),
         }

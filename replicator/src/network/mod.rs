@@ -50,7 +50,7 @@ impl NetworkFactory {
     /// A factory over `ctx`.
     pub fn new(ctx: Arc<NetCtx>) -> NetworkFactory {
         #[cfg(feature = "planted-bugs")]
-        planted::announce(ctx.node_id);
+        crate::planted::announce(ctx.node_id);
         NetworkFactory { ctx }
     }
 }

@@ -1,10 +1,9 @@
-//! PLANTED BUGS — test-only, compiled only with the `planted-bugs` feature
-//! and active only when the environment variable `RINGRAFT_PLANTED_BUG`
-//! names one. They exist so that the Jepsen-style harness (`jepsen/`) can
-//! show that its checker catches real safety violations. Never enable them
-//! elsewhere.
+//! PLANTED BUG `ack-before-replication` (test-only, `planted-bugs`
+//! feature; [`crate::planted`] says when it is on): the leader's network
+//! answers every AppendEntries as succeeded at once and sends it for real
+//! only [`REPLICATION_DELAY`] later (answers ignored, failures dropped), so
+//! the leader commits and acknowledges entries that only it holds.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use openraft::network::RPCOption;
@@ -13,51 +12,14 @@ use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse};
 use super::peer::PeerNet;
 use crate::types::TypeConfig;
 
-/// The environment variable naming the bug to switch on.
-pub const ENV: &str = "RINGRAFT_PLANTED_BUG";
-/// `ack-before-replication`: the leader's network answers every
-/// AppendEntries as succeeded at once and sends it for real only
-/// [`REPLICATION_DELAY`] later (answers ignored, failures dropped), so the
-/// leader commits and acknowledges entries that only it holds.
-pub const ACK_BEFORE_REPLICATION: &str = "ack-before-replication";
 /// How long the real replication lags the false acknowledgement.
 pub const REPLICATION_DELAY: Duration = Duration::from_millis(2000);
 /// Requests held back per follower at most (older ones are dropped).
 pub const MAX_BACKLOG_REQUESTS: usize = 10_000;
 
-fn chosen() -> Option<&'static str> {
-    static CHOSEN: OnceLock<Option<String>> = OnceLock::new();
-    CHOSEN
-        .get_or_init(|| std::env::var(ENV).ok().filter(|v| !v.is_empty()))
-        .as_deref()
-}
-
 /// Whether `ack-before-replication` is on.
 pub fn ack_before_replication() -> bool {
-    chosen() == Some(ACK_BEFORE_REPLICATION)
-}
-
-/// Says loudly, at start, that a planted bug is on (or that the name is
-/// unknown).
-pub fn announce(node_id: u64) {
-    match chosen() {
-        None => {}
-        Some(ACK_BEFORE_REPLICATION) => {
-            let msg = format!(
-                "!!! PLANTED BUG {ACK_BEFORE_REPLICATION} IS ON in node {node_id}: \
-                 appends are acknowledged before replication; this node is UNSAFE !!!"
-            );
-            eprintln!("{msg}");
-            tracing::error!("{msg}");
-        }
-        Some(other) => {
-            let msg = format!(
-                "!!! {ENV}={other:?} names no planted bug (known: {ACK_BEFORE_REPLICATION}); none is on !!!"
-            );
-            eprintln!("{msg}");
-            tracing::error!("{msg}");
-        }
-    }
+    crate::planted::is_on(crate::planted::ACK_BEFORE_REPLICATION)
 }
 
 impl PeerNet {

@@ -360,7 +360,11 @@ pub fn refuse_grant(fence: Epoch, vote: Option<VoteRecord>, epoch: Epoch) -> Res
     let Some(vote) = vote else {
         return Ok(());
     };
-    let superseded = epoch.term() < vote.term
+    let below_vote = epoch.term() < vote.term;
+    // PLANTED BUG `regrant-stale-term` (test-only): the vote's term ignored.
+    #[cfg(feature = "planted-bugs")]
+    let below_vote = below_vote && !crate::planted::is_on(crate::planted::REGRANT_STALE_TERM);
+    let superseded = below_vote
         || (vote.committed
             && epoch.term() == vote.term
             && vote.voted_for != Some(epoch.leader_id()));
