@@ -175,9 +175,12 @@ test_multi3_cut() {
 #      guest SIGSTOPs it 100 ms after they arrived (its in-flight gauge):
 #      its WRITEs now sit in rxe's send queue being retransmitted by the
 #      kernel, and the process cannot give up on them. The stop must come
-#      before the leader's own reply timeout (one heartbeat) tears the queue
-#      pairs down; a stop sent from the host through the guest agent came
-#      0.3-0.5 s after the cut, too late;
+#      before the leader's own reply timeout (one heartbeat: openraft's
+#      per-RPC timeout) tears the queue pairs down; a stop sent from the
+#      host through the guest agent came 0.3-0.5 s after the cut, too late,
+#      and the watcher's came 1.1 s after it (2026-12-04, this host), past a
+#      1 s heartbeat: the scenario runs with a 3 s heartbeat
+#      (STALE_HEARTBEAT_MS) and 6-9 s election timeouts;
 #   3. the other two elect a leader, which takes their fences (their rkeys
 #      rotate), and commits the clients' appends;
 #   4. heal: at its next retransmission timeout rxe in the stopped guest
@@ -197,10 +200,13 @@ test_multi3_cut() {
 #      retransmissions came from it then), and (`--require-fences`) that at
 #      the end every follower's fence names the leader and its term.
 # The QPs' retry window must outlast steps 2-4: --rdma-retry-count 6 (rxe
-# retries forever at 7) and --rdma-ack-timeout-exp STALE_ACK_EXP (20:
-# 4.3 s per try, 7 tries = 30 s; the heal must come before the last
-# retransmission).
-STALE_ACK_EXP=${STALE_ACK_EXP:-20}
+# retries forever at 7) and --rdma-ack-timeout-exp STALE_ACK_EXP (21:
+# 8.6 s per try, 7 tries = 60 s; the heal, which comes after an election
+# timeout, a new leader's connections and 2-4 s of its commits, must come
+# before the last retransmission).
+STALE_ACK_EXP=${STALE_ACK_EXP:-21}
+STALE_HEARTBEAT_MS=${STALE_HEARTBEAT_MS:-3000}
+STALE_ELECTION_MS=${STALE_ELECTION_MS:-6000,9000}
 STALE_DURATION_S=${STALE_DURATION_S:-60}          # the workload; one freeze fits (a second may start)
 STALE_SEED=${STALE_SEED:-31}
 STALE_REQUIRE_REFUSAL=${STALE_REQUIRE_REFUSAL:-1}  # 1: the test fails unless a follower's NIC refused
@@ -271,6 +277,8 @@ test_multi3_stale_leader() {
         --node-log 'info,openraft=warn,ringraft_transport::rdma::conn=debug' \
         --serve-arg=--rdma-retry-count --serve-arg=6 \
         --serve-arg=--rdma-ack-timeout-exp --serve-arg="$STALE_ACK_EXP" \
+        --serve-arg=--heartbeat-ms --serve-arg="$STALE_HEARTBEAT_MS" \
+        --serve-arg=--election-timeout-ms --serve-arg="$STALE_ELECTION_MS" \
         "${require[@]}" --out "$out" > "$out.stdout" 2> "$out.stderr"
     rc=$?
     tail -n 12 "$out.stderr" | sed 's/^/    | /'

@@ -97,6 +97,27 @@ echo "gave up after {bound_ms} ms: ${{n:-no}} proposals in flight"; exit 1
     )
 }
 
+/// The heartbeat and election timeout the daemons run with on TCG guests,
+/// unless the run's serve arguments name their own: under TCG an rdma
+/// connection takes longer to set up than the daemon's default heartbeat
+/// (openraft's per-RPC timeout) allows, and every attempt would be
+/// cancelled half-way.
+fn tcg_timing(extra: &[String]) -> Vec<String> {
+    let named = |flag: &str| {
+        extra
+            .iter()
+            .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+    };
+    let mut args = Vec::new();
+    if !named("--heartbeat-ms") {
+        args.extend(["--heartbeat-ms", "1000"].map(String::from));
+    }
+    if !named("--election-timeout-ms") {
+        args.extend(["--election-timeout-ms", "3000,6000"].map(String::from));
+    }
+    args
+}
+
 /// The line the rdma backend logs (at debug) when the device has put a
 /// queue pair in the error state and flushed its receives: what a responder
 /// does after refusing a peer's request.
@@ -237,18 +258,7 @@ impl Substrate for SoftRoce {
         args.extend(["--rdma-device".to_string(), "rxe0".to_string()]);
         // For the freeze watcher, in the guest.
         args.extend(["--metrics".to_string(), self.metrics_addr(id)]);
-        // Under TCG an rdma connection takes longer to set up than the
-        // daemon's default heartbeat (openraft's per-RPC timeout) allows:
-        // every attempt would be cancelled half-way.
-        args.extend(
-            [
-                "--heartbeat-ms",
-                "1000",
-                "--election-timeout-ms",
-                "3000,6000",
-            ]
-            .map(String::from),
-        );
+        args.extend(tcg_timing(&self.spec.extra_serve_args));
         let cmdline = std::iter::once(self.spec.ringraft_bin.display().to_string())
             .chain(args)
             .map(|a| sh_quote(&a))
@@ -453,7 +463,28 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Duration;
 
-    use super::{REFUSAL_LOG_LINE, freeze_watch_script, refusal_count_script};
+    use super::{REFUSAL_LOG_LINE, freeze_watch_script, refusal_count_script, tcg_timing};
+
+    #[test]
+    fn the_tcg_timing_is_a_default_the_serve_arguments_override() {
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            tcg_timing(&[]),
+            strings(&[
+                "--heartbeat-ms",
+                "1000",
+                "--election-timeout-ms",
+                "3000,6000"
+            ])
+        );
+        let own = strings(&["--rdma-retry-count", "6", "--heartbeat-ms", "3000"]);
+        assert_eq!(
+            tcg_timing(&own),
+            strings(&["--election-timeout-ms", "3000,6000"])
+        );
+        let own = strings(&["--heartbeat-ms=3000", "--election-timeout-ms=6000,9000"]);
+        assert!(tcg_timing(&own).is_empty());
+    }
 
     #[test]
     fn refusals_are_counted_per_peer_from_the_log() {
