@@ -1,8 +1,9 @@
 //! The faults: the seed picks one after another (with a pause between
 //! them), each held for a while and then healed: a partition (a minority
 //! cut off both ways), a one-way cut, a crash and restart, a pause (the
-//! node's traffic frozen while it runs on), message delays, a leadership
-//! transfer, damage to a stopped follower's log. A fault that cuts the
+//! node's traffic frozen while it runs on), a freeze (the node's
+//! application stopped while its NIC serves one-sided requests), message
+//! delays, a leadership transfer, damage to a stopped follower's log. A fault that cuts the
 //! leader off records the checker's isolated-leader window, closed only
 //! after the majority elected a leader of a later term.
 //!
@@ -63,6 +64,13 @@ pub enum Fault {
         /// The follower.
         node: u64,
     },
+    /// `node`'s application stops while its NIC goes on serving (a
+    /// SIGSTOPped process): its peers' one-sided WRITEs, READs and CASes
+    /// execute against its memory, what it posts and the SENDs to it wait.
+    Freeze {
+        /// The node.
+        node: u64,
+    },
 }
 
 fn addr(world: &World, id: u64) -> String {
@@ -86,7 +94,7 @@ fn choose(world: &mut World, leader: Option<u64>) -> Fault {
         Some(l) if world.rng.random_bool(0.6) => l,
         _ => any(world),
     };
-    match world.rng.random_range(0..7) {
+    match world.rng.random_range(0..8) {
         0 => {
             let first = leader_or_any(world);
             let mut minority = vec![first];
@@ -120,11 +128,14 @@ fn choose(world: &mut World, leader: Option<u64>) -> Fault {
             },
             None => Fault::Delay { max_ms: 5 },
         },
-        _ => match leader {
+        6 => match leader {
             Some(l) => Fault::Damage {
                 node: other(world, l),
             },
             None => Fault::Crash { node: any(world) },
+        },
+        _ => Fault::Freeze {
+            node: leader_or_any(world),
         },
     }
 }
@@ -159,6 +170,7 @@ fn fault_name(fault: &Fault) -> &'static str {
         Fault::Delay { .. } => "delay",
         Fault::Transfer { .. } => "transfer",
         Fault::Damage { .. } => "damage",
+        Fault::Freeze { .. } => "freeze",
     }
 }
 
@@ -202,6 +214,12 @@ async fn apply(
             let rest: Vec<u64> = ids(world).into_iter().filter(|id| id != node).collect();
             isolated(world, leader, &[*node], &rest, hold).await?;
             world.cluster.fabric.resume(&addr(world, *node));
+        }
+        Fault::Freeze { node } => {
+            world.cluster.fabric.freeze(&addr(world, *node));
+            let rest: Vec<u64> = ids(world).into_iter().filter(|id| id != node).collect();
+            isolated(world, leader, &[*node], &rest, hold).await?;
+            world.cluster.fabric.thaw(&addr(world, *node));
         }
         Fault::Delay { max_ms } => {
             world
@@ -331,6 +349,7 @@ pub async fn heal_all(world: &mut World) -> Result<(), String> {
         .set_delay(Duration::ZERO, Duration::ZERO);
     for id in ids(world) {
         world.cluster.fabric.resume(&addr(world, id));
+        world.cluster.fabric.thaw(&addr(world, id));
         if !world.cluster.running().contains(&id) {
             world.boot(id).await?;
         }

@@ -7,7 +7,9 @@
 //! nodes (both ways or one way: frames are held, as a real network holds
 //! retransmissions, so a short cut heals and a long one surfaces as
 //! `RetryExceeded`), pause a node (nothing leaves or reaches it: its posted
-//! WRITEs stay in flight until it resumes), drop connections (both sides go
+//! WRITEs stay in flight until it resumes), freeze a node (its application
+//! stops while its NIC goes on serving one-sided requests: `freeze.rs`),
+//! drop connections (both sides go
 //! to the error state at once, like a reset) and fail one side's queue pair
 //! (the peer only learns by timing out).
 //!
@@ -43,6 +45,8 @@ use crate::soft::{Flavor, SoftConnection, SoftDevice, SoftListener};
 use crate::types::{AtomicCapability, ConnConfig};
 use crate::work::Done;
 
+mod freeze;
+
 #[derive(Clone)]
 struct ListenerEntry {
     device: Weak<SoftDevice>,
@@ -55,6 +59,8 @@ struct ListenerEntry {
 #[derive(Default)]
 struct NetState {
     paused: HashSet<String>,
+    /// Frozen nodes: their NIC serves, their application does not run.
+    frozen: HashSet<String>,
     /// Directed cuts: frames from .0 to .1 are held.
     cuts: HashSet<(String, String)>,
     delay: (Duration, Duration),
@@ -63,6 +69,11 @@ struct NetState {
 }
 
 impl NetState {
+    /// Whether `from` and `to` are frozen.
+    fn frozen(&self, from: &str, to: &str) -> (bool, bool) {
+        (self.frozen.contains(from), self.frozen.contains(to))
+    }
+
     fn passes(&self, from: &str, to: &str) -> bool {
         !self.paused.contains(from)
             && !self.paused.contains(to)
@@ -202,6 +213,24 @@ impl Fabric {
     pub fn resume(&self, node: &str) {
         self.update(|s| {
             s.paused.remove(node);
+        });
+    }
+
+    /// Freezes `node`'s application while its NIC goes on serving: the
+    /// one-sided requests of its peers execute against its memory, its
+    /// NIC's answers leave; what it posts and the SENDs to it wait for
+    /// [`Fabric::thaw`] (see `freeze.rs`). A SIGSTOPped process on an RDMA
+    /// NIC.
+    pub fn freeze(&self, node: &str) {
+        self.update(|s| {
+            s.frozen.insert(node.to_string());
+        });
+    }
+
+    /// Lets `node`'s application run again: what was held goes on.
+    pub fn thaw(&self, node: &str) {
+        self.update(|s| {
+            s.frozen.remove(node);
         });
     }
 
@@ -567,7 +596,8 @@ async fn stamp(
 }
 
 /// Delivers stamped frames in order, once their time has come and while
-/// the path is open.
+/// the path is open; while an end is frozen, holds what `freeze.rs` says
+/// until the thaw.
 async fn deliver(
     fabric: Fabric,
     from: String,
@@ -576,18 +606,97 @@ async fn deliver(
     incoming: mpsc::UnboundedSender<Frame>,
     dead: Arc<AtomicBool>,
 ) {
-    while let Some((at, frame)) = stamped.recv().await {
+    let mut held = freeze::Held::default();
+    loop {
+        let next = if held.is_empty() {
+            stamped.recv().await
+        } else {
+            // Registered before the check: a thaw between the check and
+            // the wait is not missed.
+            let changed = fabric.inner.changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            changed.as_mut().enable();
+            if fabric.frozen(&from, &to) == (false, false) {
+                for frame in held.drain() {
+                    if !fabric.pass(&from, &to, frame, &incoming, &dead).await {
+                        return;
+                    }
+                }
+                continue;
+            }
+            tokio::select! {
+                biased;
+                _ = changed => continue,
+                next = stamped.recv() => next,
+            }
+        };
+        let Some((at, frame)) = next else {
+            if held.is_empty() {
+                return;
+            }
+            // Nothing more comes: what is held goes at the thaw.
+            fabric.wait_thawed(&from, &to).await;
+            for frame in held.drain() {
+                if !fabric.pass(&from, &to, frame, &incoming, &dead).await {
+                    return;
+                }
+            }
+            return;
+        };
         if at > Instant::now() {
             tokio::time::sleep_until(at).await;
         }
-        fabric.wait_passes(&from, &to).await;
+        let (from_frozen, to_frozen) = fabric.frozen(&from, &to);
+        match held.rule(from_frozen, to_frozen, &frame) {
+            freeze::Rule::Pass => {
+                if !fabric.pass(&from, &to, frame, &incoming, &dead).await {
+                    return;
+                }
+            }
+            rule => held.hold(rule, frame),
+        }
+    }
+}
+
+impl Fabric {
+    /// Whether `from` and `to` are frozen.
+    fn frozen(&self, from: &str, to: &str) -> (bool, bool) {
+        self.inner
+            .state
+            .lock()
+            .expect("fabric state")
+            .frozen(from, to)
+    }
+
+    /// Waits until neither `from` nor `to` is frozen.
+    async fn wait_thawed(&self, from: &str, to: &str) {
+        loop {
+            let changed = self.inner.changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            changed.as_mut().enable();
+            if self.frozen(from, to) == (false, false) {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// Delivers `frame` once the path is open; `false` when the direction
+    /// ends (closed, or the receiver is gone).
+    async fn pass(
+        &self,
+        from: &str,
+        to: &str,
+        frame: Frame,
+        incoming: &mpsc::UnboundedSender<Frame>,
+        dead: &AtomicBool,
+    ) -> bool {
+        self.wait_passes(from, to).await;
         if dead.load(Ordering::Acquire) {
-            continue;
+            return true;
         }
-        let frame = fabric.tamper(&from, frame);
+        let frame = self.tamper(from, frame);
         let closing = matches!(frame, Frame::Close { .. });
-        if incoming.send(frame).is_err() || closing {
-            return;
-        }
+        incoming.send(frame).is_ok() && !closing
     }
 }

@@ -218,3 +218,41 @@ async fn runs_are_a_function_of_the_seed() {
     }
     assert!(differs, "other seeds give other interleavings");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_frozen_node_s_nic_serves_one_sided_requests_while_its_application_waits() {
+    let fabric = Fabric::new(8);
+    let (a, _b, ab, ba, buf) = pair(&fabric).await;
+    let a_buf = a.register_buffer(4096, RW).unwrap();
+    fabric.freeze("b");
+    // Executed by b's NIC alone, against b's memory: lands and completes.
+    ab.post_write(buf.remote().start(), b"first")
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(buf.read(0, 5).unwrap(), b"first");
+    // What b posts waits; a SEND to b finds no receive posted, and the
+    // WRITE behind it on the same queue pair waits for it.
+    let from_b = ba.post_write(a_buf.remote().start(), b"fromb").unwrap();
+    let send = ab.post_send(b"hello").unwrap();
+    let behind = ab
+        .post_write(buf.remote().at(8, 5).unwrap(), b"later")
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(a_buf.read(0, 5).unwrap(), [0; 5], "b posted while frozen");
+    assert_eq!(
+        buf.read(8, 5).unwrap(),
+        [0; 5],
+        "a WRITE overtook a held SEND"
+    );
+    fabric.thaw("b");
+    send.await.unwrap();
+    behind.await.unwrap();
+    from_b.await.unwrap();
+    assert_eq!(
+        ba.recv().await.unwrap(),
+        ringraft_transport::Received::Message(b"hello".to_vec())
+    );
+    assert_eq!(buf.read(8, 5).unwrap(), b"later");
+    assert_eq!(a_buf.read(0, 5).unwrap(), b"fromb");
+}

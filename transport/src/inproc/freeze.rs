@@ -1,0 +1,173 @@
+//! A frozen node: its application stops, its NIC goes on serving (a
+//! SIGSTOPped process on an RDMA NIC). What the fabric does with a frame
+//! while one end of its direction is frozen:
+//!
+//! - from the frozen node: its NIC's answers (READ data, WRITE and CAS
+//!   completions) leave; what its application posts (SENDs, its own
+//!   one-sided operations, a close) is held, in order, until the thaw;
+//! - to the frozen node: one-sided requests (WRITE, READ, CAS, fetch-add)
+//!   are executed by its NIC, against its memory, without its code; a SEND
+//!   finds no receive posted (receiver not ready) and waits, and with it
+//!   every later request of that queue pair (in order); answers to the
+//!   node's own earlier requests wait for the application to run again.
+//!
+//! Held frames go on at the thaw: answers first, then requests, then a
+//! close, each stream in its order (a queue pair's requester and responder
+//! streams are independent; a close comes last).
+
+use std::collections::VecDeque;
+
+use crate::soft::conn::Frame;
+use crate::work::Request;
+
+/// Where a frame goes while an end is frozen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Rule {
+    /// Delivered now.
+    Pass,
+    /// Held until the thaw, in the answers' stream.
+    HoldAnswer,
+    /// Held until the thaw, in the requests' stream.
+    HoldRequest,
+    /// Held until the thaw, after everything else.
+    HoldClose,
+}
+
+/// Frames held while an end of a direction is frozen.
+#[derive(Default)]
+pub(super) struct Held {
+    answers: VecDeque<Frame>,
+    requests: VecDeque<Frame>,
+    close: Option<Frame>,
+}
+
+impl Held {
+    pub(super) fn is_empty(&self) -> bool {
+        self.answers.is_empty() && self.requests.is_empty() && self.close.is_none()
+    }
+
+    pub(super) fn hold(&mut self, rule: Rule, frame: Frame) {
+        match rule {
+            Rule::Pass => unreachable!("a frame that passes is not held"),
+            Rule::HoldAnswer => self.answers.push_back(frame),
+            Rule::HoldRequest => self.requests.push_back(frame),
+            Rule::HoldClose => self.close = Some(frame),
+        }
+    }
+
+    /// The held frames in the order they go on at the thaw.
+    pub(super) fn drain(&mut self) -> impl Iterator<Item = Frame> + use<> {
+        let answers = std::mem::take(&mut self.answers);
+        let requests = std::mem::take(&mut self.requests);
+        answers.into_iter().chain(requests).chain(self.close.take())
+    }
+
+    /// The rule for `frame` in a direction whose sender (`from_frozen`) or
+    /// receiver (`to_frozen`) is frozen; `Pass` when neither is.
+    pub(super) fn rule(&self, from_frozen: bool, to_frozen: bool, frame: &Frame) -> Rule {
+        // Once something is held behind a close, everything is.
+        if self.close.is_some() {
+            return Rule::HoldClose;
+        }
+        let rule = match frame {
+            Frame::Close { .. } if from_frozen || to_frozen => Rule::HoldClose,
+            Frame::Close { .. } => Rule::Pass,
+            // The frozen node's NIC answers; answers to it wait.
+            Frame::Resp { .. } if to_frozen => Rule::HoldAnswer,
+            Frame::Resp { .. } => Rule::Pass,
+            // The frozen node's application posts nothing.
+            Frame::Req { .. } if from_frozen => Rule::HoldRequest,
+            Frame::Req { req, .. } if to_frozen && !one_sided(req) => Rule::HoldRequest,
+            Frame::Req { .. } => Rule::Pass,
+        };
+        // Each held stream keeps its order.
+        match rule {
+            Rule::Pass if matches!(frame, Frame::Resp { .. }) && !self.answers.is_empty() => {
+                Rule::HoldAnswer
+            }
+            Rule::Pass if matches!(frame, Frame::Req { .. }) && !self.requests.is_empty() => {
+                Rule::HoldRequest
+            }
+            Rule::Pass if matches!(frame, Frame::Close { .. }) && !self.is_empty() => {
+                Rule::HoldClose
+            }
+            rule => rule,
+        }
+    }
+}
+
+/// Executed by the target's NIC alone.
+fn one_sided(req: &Request) -> bool {
+    !matches!(req, Request::Send { .. })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Held, Rule};
+    use crate::soft::conn::Frame;
+    use crate::work::{Done, Request};
+
+    fn write() -> Frame {
+        Frame::Req {
+            seq: 1,
+            req: Request::Write {
+                addr: 0,
+                rkey: 1,
+                data: vec![1],
+                imm: None,
+            },
+        }
+    }
+
+    fn send() -> Frame {
+        Frame::Req {
+            seq: 2,
+            req: Request::Send { data: vec![2] },
+        }
+    }
+
+    fn answer() -> Frame {
+        Frame::Resp {
+            seq: 3,
+            result: Ok(Done::Ok),
+        }
+    }
+
+    #[test]
+    fn a_frozen_receiver_executes_one_sided_requests_until_a_send() {
+        let mut held = Held::default();
+        assert_eq!(held.rule(false, true, &write()), Rule::Pass);
+        assert_eq!(held.rule(false, true, &answer()), Rule::HoldAnswer);
+        assert_eq!(held.rule(false, true, &send()), Rule::HoldRequest);
+        held.hold(Rule::HoldRequest, send());
+        // Behind the held SEND, a WRITE waits too (in order).
+        assert_eq!(held.rule(false, true, &write()), Rule::HoldRequest);
+    }
+
+    #[test]
+    fn a_frozen_sender_answers_but_posts_nothing() {
+        let mut held = Held::default();
+        assert_eq!(held.rule(true, false, &answer()), Rule::Pass);
+        assert_eq!(held.rule(true, false, &write()), Rule::HoldRequest);
+        held.hold(Rule::HoldRequest, write());
+        assert_eq!(held.rule(true, false, &answer()), Rule::Pass);
+        let close = Frame::Close { reason: "x".into() };
+        assert_eq!(held.rule(true, false, &close), Rule::HoldClose);
+        held.hold(Rule::HoldClose, close);
+        assert_eq!(held.rule(true, false, &answer()), Rule::HoldClose);
+        let order: Vec<bool> = held
+            .drain()
+            .map(|f| matches!(f, Frame::Close { .. }))
+            .collect();
+        assert_eq!(order, [false, true]);
+        assert!(held.is_empty());
+    }
+
+    #[test]
+    fn nothing_frozen_passes_everything() {
+        let held = Held::default();
+        for frame in [write(), send(), answer()] {
+            assert_eq!(held.rule(false, false, &frame), Rule::Pass);
+        }
+    }
+}
