@@ -12,7 +12,8 @@
 //!
 //! - [`world`]: the cluster, the registry of running nodes, the trace;
 //! - [`workload`]: the clients;
-//! - [`nemesis`]: the faults;
+//! - [`nemesis`]: the faults ([`membership`]: removing a follower and
+//!   adding it back);
 //! - [`checks`]: what must hold after every step and at the end.
 //!
 //! It must never read the wall clock or an unseeded random source in the
@@ -20,6 +21,7 @@
 //! `README.md` for what is and is not deterministic yet).
 
 pub mod checks;
+pub mod membership;
 pub mod nemesis;
 pub mod workload;
 pub mod world;

@@ -3,7 +3,8 @@
 //! cut off both ways), a one-way cut, a crash and restart, a pause (the
 //! node's traffic frozen while it runs on), a freeze (the node's
 //! application stopped while its NIC serves one-sided requests), message
-//! delays, a leadership transfer, damage to a stopped follower's log. A fault that cuts the
+//! delays, a leadership transfer, damage to a stopped follower's log, a
+//! follower removed and added back (`membership.rs`). A fault that cuts the
 //! leader off records the checker's isolated-leader window, closed only
 //! after the majority elected a leader of a later term.
 //!
@@ -17,6 +18,7 @@ use rand::RngExt;
 use ringraft_testkit::inproc::damage;
 use serde_json::json;
 
+use crate::membership;
 use crate::world::World;
 
 /// How long the majority may take to elect a leader once the old one is
@@ -71,13 +73,19 @@ pub enum Fault {
         /// The node.
         node: u64,
     },
+    /// A follower is removed from the cluster and, after the hold, added
+    /// back as a learner and made a voter again.
+    Membership {
+        /// The follower.
+        node: u64,
+    },
 }
 
-fn addr(world: &World, id: u64) -> String {
+pub(crate) fn addr(world: &World, id: u64) -> String {
     world.cluster.members[&id].config.listen.clone()
 }
 
-fn ids(world: &World) -> Vec<u64> {
+pub(crate) fn ids(world: &World) -> Vec<u64> {
     world.cluster.members.keys().copied().collect()
 }
 
@@ -94,7 +102,7 @@ fn choose(world: &mut World, leader: Option<u64>) -> Fault {
         Some(l) if world.rng.random_bool(0.6) => l,
         _ => any(world),
     };
-    match world.rng.random_range(0..8) {
+    match world.rng.random_range(0..9) {
         0 => {
             let first = leader_or_any(world);
             let mut minority = vec![first];
@@ -134,8 +142,14 @@ fn choose(world: &mut World, leader: Option<u64>) -> Fault {
             },
             None => Fault::Crash { node: any(world) },
         },
-        _ => Fault::Freeze {
+        7 => Fault::Freeze {
             node: leader_or_any(world),
+        },
+        _ => match leader {
+            Some(l) => Fault::Membership {
+                node: other(world, l),
+            },
+            None => Fault::Delay { max_ms: 5 },
         },
     }
 }
@@ -171,6 +185,7 @@ fn fault_name(fault: &Fault) -> &'static str {
         Fault::Transfer { .. } => "transfer",
         Fault::Damage { .. } => "damage",
         Fault::Freeze { .. } => "freeze",
+        Fault::Membership { .. } => "membership",
     }
 }
 
@@ -220,6 +235,11 @@ async fn apply(
             let rest: Vec<u64> = ids(world).into_iter().filter(|id| id != node).collect();
             isolated(world, leader, &[*node], &rest, hold).await?;
             world.cluster.fabric.thaw(&addr(world, *node));
+        }
+        Fault::Membership { node } => {
+            membership::remove(world, *node).await;
+            tokio::time::sleep(hold).await;
+            membership::restore(world).await?;
         }
         Fault::Delay { max_ms } => {
             world
@@ -354,5 +374,5 @@ pub async fn heal_all(world: &mut World) -> Result<(), String> {
             world.boot(id).await?;
         }
     }
-    Ok(())
+    membership::restore(world).await
 }
