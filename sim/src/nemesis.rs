@@ -4,7 +4,8 @@
 //! node's traffic frozen while it runs on), a freeze (the node's
 //! application stopped while its NIC serves one-sided requests), message
 //! delays, a leadership transfer, damage to a stopped follower's log, a
-//! follower removed and added back (`membership.rs`). A fault that cuts the
+//! follower removed and added back (`membership.rs`), a bridge (a node cut
+//! off from all but one). A fault that cuts the
 //! leader off records the checker's isolated-leader window, closed only
 //! after the majority elected a leader of a later term.
 //!
@@ -79,6 +80,15 @@ pub enum Fault {
         /// The follower.
         node: u64,
     },
+    /// `cut` is cut off from every node but `bridge`, both ways (Jepsen's
+    /// bridge): with five nodes the others elect a leader that fences
+    /// `bridge` while `cut`, still leading its term, writes to it.
+    Bridge {
+        /// The node cut off from all but one.
+        cut: u64,
+        /// The one node still reaching it.
+        bridge: u64,
+    },
 }
 
 pub(crate) fn addr(world: &World, id: u64) -> String {
@@ -102,7 +112,7 @@ fn choose(world: &mut World, leader: Option<u64>) -> Fault {
         Some(l) if world.rng.random_bool(0.6) => l,
         _ => any(world),
     };
-    match world.rng.random_range(0..9) {
+    match world.rng.random_range(0..10) {
         0 => {
             let first = leader_or_any(world);
             let mut minority = vec![first];
@@ -145,12 +155,19 @@ fn choose(world: &mut World, leader: Option<u64>) -> Fault {
         7 => Fault::Freeze {
             node: leader_or_any(world),
         },
-        _ => match leader {
+        8 => match leader {
             Some(l) => Fault::Membership {
                 node: other(world, l),
             },
             None => Fault::Delay { max_ms: 5 },
         },
+        _ => {
+            let cut = leader_or_any(world);
+            Fault::Bridge {
+                cut,
+                bridge: other(world, cut),
+            }
+        }
     }
 }
 
@@ -186,6 +203,7 @@ fn fault_name(fault: &Fault) -> &'static str {
         Fault::Damage { .. } => "damage",
         Fault::Freeze { .. } => "freeze",
         Fault::Membership { .. } => "membership",
+        Fault::Bridge { .. } => "bridge",
     }
 }
 
@@ -235,6 +253,19 @@ async fn apply(
             let rest: Vec<u64> = ids(world).into_iter().filter(|id| id != node).collect();
             isolated(world, leader, &[*node], &rest, hold).await?;
             world.cluster.fabric.thaw(&addr(world, *node));
+        }
+        Fault::Bridge { cut, bridge } => {
+            let rest: Vec<String> = ids(world)
+                .into_iter()
+                .filter(|id| id != cut && id != bridge)
+                .map(|id| addr(world, id))
+                .collect();
+            let rest: Vec<&str> = rest.iter().map(String::as_str).collect();
+            world.cluster.fabric.partition(&[&addr(world, *cut)], &rest);
+            // No isolated-leader window: through the bridge, the leader
+            // may still commit (with three nodes it keeps a majority).
+            tokio::time::sleep(hold).await;
+            world.cluster.fabric.heal();
         }
         Fault::Membership { node } => {
             membership::remove(world, *node).await;
