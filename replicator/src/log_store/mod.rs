@@ -472,15 +472,20 @@ impl LogStore {
         };
         let mut out = Vec::with_capacity(end.saturating_sub(start).min(4096) as usize);
         let mut bytes = 0u64;
-        if start < end.min(ring_first) {
+        let segments_end = end.min(ring_first);
+        if start < segments_end {
             for record in reader
-                .read_range(start, end.min(ring_first), max_bytes)
+                .read_range(start, segments_end, max_bytes)
                 .map_err(io_err)?
             {
                 bytes += record.payload.len() as u64;
                 out.push(decode_entry(record.term, record.index, &record.payload)?);
             }
-            if bytes >= max_bytes {
+            // The segments' reader stops at `max_bytes` of whole records
+            // (headers too): what it did not reach is the next call's,
+            // never skipped for the ring's entries.
+            let reached = out.last().map_or(start, |e| e.log_id.index + 1);
+            if bytes >= max_bytes || reached < segments_end {
                 return Ok(out);
             }
         }
