@@ -2,7 +2,8 @@
 //! them), each held for a while and then healed: a partition (a minority
 //! cut off both ways), a one-way cut, a crash and restart, a pause (the
 //! node's traffic frozen while it runs on), message delays, a leadership
-//! transfer, damage to a stopped follower's log. A fault that cuts the
+//! transfer, damage to a stopped follower's log, a deposed leader asking
+//! for a grant ([`crate::regrant`]). A fault that cuts the
 //! leader off records the checker's isolated-leader window, closed only
 //! after the majority elected a leader of a later term.
 //!
@@ -63,6 +64,13 @@ pub enum Fault {
         /// The follower.
         node: u64,
     },
+    /// Another node is handed the leader's transfer while cut off from it,
+    /// `follower` votes for it, and the leader, reconnecting to `follower`,
+    /// asks it for a grant: [`crate::regrant`].
+    Regrant {
+        /// The follower.
+        follower: u64,
+    },
 }
 
 fn addr(world: &World, id: u64) -> String {
@@ -86,7 +94,7 @@ fn choose(world: &mut World, leader: Option<u64>) -> Fault {
         Some(l) if world.rng.random_bool(0.6) => l,
         _ => any(world),
     };
-    match world.rng.random_range(0..7) {
+    match world.rng.random_range(0..8) {
         0 => {
             let first = leader_or_any(world);
             let mut minority = vec![first];
@@ -120,11 +128,17 @@ fn choose(world: &mut World, leader: Option<u64>) -> Fault {
             },
             None => Fault::Delay { max_ms: 5 },
         },
-        _ => match leader {
+        6 => match leader {
             Some(l) => Fault::Damage {
                 node: other(world, l),
             },
             None => Fault::Crash { node: any(world) },
+        },
+        _ => match leader {
+            Some(l) => Fault::Regrant {
+                follower: other(world, l),
+            },
+            None => Fault::Delay { max_ms: 5 },
         },
     }
 }
@@ -159,6 +173,7 @@ fn fault_name(fault: &Fault) -> &'static str {
         Fault::Delay { .. } => "delay",
         Fault::Transfer { .. } => "transfer",
         Fault::Damage { .. } => "damage",
+        Fault::Regrant { .. } => "regrant",
     }
 }
 
@@ -238,6 +253,9 @@ async fn apply(
             }
             tokio::time::sleep(hold).await;
             world.boot(*node).await?;
+        }
+        Fault::Regrant { follower } => {
+            crate::regrant::apply(world, leader, *follower, hold).await?;
         }
     }
     Ok(())
