@@ -225,7 +225,9 @@ async fn the_landing_observer_sees_every_write_that_lands_and_no_other() {
     let fabric = Fabric::new(4);
     // Installed after the devices were made: they see it all the same.
     let (_a, _b, ab, _ba, buf) = pair(&fabric).await;
-    let seen: Arc<Mutex<Vec<(String, u64, Vec<u8>)>>> = Arc::default();
+    /// What the observer was shown: the node, the address, the bytes.
+    type Seen = Vec<(String, u64, Vec<u8>)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
     let record = seen.clone();
     fabric
         .observe_landings(move |landing| {
