@@ -1,5 +1,7 @@
-//! What must hold: after every fault, no two running nodes have applied
-//! different entries at one index (data or term); at the end, that again,
+//! What must hold: after every fault, no record landed in a node's ring by
+//! remote WRITE with an epoch below the node's vote ([`crate::landing`]) and
+//! no two running nodes have applied different entries at one index (data
+//! or term); at the end, both again,
 //! and the checker's verdict on the history against every node's final log
 //! (nothing acknowledged lost, nothing applied twice, one order, each
 //! client's order, no stale leader's acknowledgement or write).
@@ -10,13 +12,15 @@ use std::collections::BTreeMap;
 
 use crate::world::World;
 
-/// The agreement check, after a fault.
+/// The landing check and agreement, after a fault.
 pub fn after_step(world: &World) -> Result<(), String> {
+    landings(world)?;
     agreement(world)
 }
 
-/// Agreement and the checker's verdict, at the end.
+/// The landing check, agreement and the checker's verdict, at the end.
 pub fn at_end(world: &World) -> Result<(), String> {
+    landings(world)?;
     agreement(world)?;
     let verdict = world.cluster.check(&world.history);
     if verdict.valid {
@@ -32,6 +36,12 @@ pub fn at_end(world: &World) -> Result<(), String> {
         .map(|a| a.message.clone())
         .unwrap_or_default();
     Err(format!("checker: {kinds:?}; first: {first}"))
+}
+
+/// No record landed by remote WRITE in a node's ring with an epoch below
+/// that node's vote (`crate::landing`).
+fn landings(world: &World) -> Result<(), String> {
+    world.landings.violation().map_or(Ok(()), Err)
 }
 
 /// No two running nodes applied different entries at one index.

@@ -15,14 +15,21 @@
 //! - [`nemesis`]: the faults ([`membership`]: removing a follower and
 //!   adding it back);
 //! - [`checks`]: what must hold after every step and at the end.
+//! - [`nemesis`]: the faults;
+//! - [`regrant`]: the scripted fault that lets a deposed leader ask a
+//!   node whose term advanced for a grant;
+//! - [`checks`]: what must hold after every step and at the end;
+//! - [`landing`]: what the fabric's NICs let land in the rings.
 //!
 //! It must never read the wall clock or an unseeded random source in the
 //! simulated world: everything a run does follows from its seed (see
 //! `README.md` for what is and is not deterministic yet).
 
 pub mod checks;
+pub mod landing;
 pub mod membership;
 pub mod nemesis;
+pub mod regrant;
 pub mod workload;
 pub mod world;
 

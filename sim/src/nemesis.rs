@@ -5,7 +5,8 @@
 //! application stopped while its NIC serves one-sided requests), message
 //! delays, a leadership transfer, damage to a stopped follower's log, a
 //! follower removed and added back (`membership.rs`), a bridge (a node cut
-//! off from all but one). A fault that cuts the
+//! off from all but one), a deposed leader asking for a grant
+//! ([`crate::regrant`]). A fault that cuts the
 //! leader off records the checker's isolated-leader window, closed only
 //! after the majority elected a leader of a later term.
 //!
@@ -89,6 +90,13 @@ pub enum Fault {
         /// The one node still reaching it.
         bridge: u64,
     },
+    /// Another node is handed the leader's transfer while cut off from it,
+    /// `follower` votes for it, and the leader, reconnecting to `follower`,
+    /// asks it for a grant: [`crate::regrant`].
+    Regrant {
+        /// The follower.
+        follower: u64,
+    },
 }
 
 pub(crate) fn addr(world: &World, id: u64) -> String {
@@ -112,7 +120,7 @@ fn choose(world: &mut World, leader: Option<u64>) -> Fault {
         Some(l) if world.rng.random_bool(0.6) => l,
         _ => any(world),
     };
-    match world.rng.random_range(0..10) {
+    match world.rng.random_range(0..11) {
         0 => {
             let first = leader_or_any(world);
             let mut minority = vec![first];
@@ -161,13 +169,19 @@ fn choose(world: &mut World, leader: Option<u64>) -> Fault {
             },
             None => Fault::Delay { max_ms: 5 },
         },
-        _ => {
+        9 => {
             let cut = leader_or_any(world);
             Fault::Bridge {
                 cut,
                 bridge: other(world, cut),
             }
         }
+        _ => match leader {
+            Some(l) => Fault::Regrant {
+                follower: other(world, l),
+            },
+            None => Fault::Delay { max_ms: 5 },
+        },
     }
 }
 
@@ -204,6 +218,7 @@ fn fault_name(fault: &Fault) -> &'static str {
         Fault::Freeze { .. } => "freeze",
         Fault::Membership { .. } => "membership",
         Fault::Bridge { .. } => "bridge",
+        Fault::Regrant { .. } => "regrant",
     }
 }
 
@@ -307,6 +322,9 @@ async fn apply(
             }
             tokio::time::sleep(hold).await;
             world.boot(*node).await?;
+        }
+        Fault::Regrant { follower } => {
+            crate::regrant::apply(world, leader, *follower, hold).await?;
         }
     }
     Ok(())

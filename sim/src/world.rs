@@ -19,6 +19,7 @@ use ringraft_checker::Recorder;
 use ringraft_testkit::inproc::{Cluster, Kind};
 use tokio::time::Instant;
 
+use crate::landing::LandingCheck;
 use crate::{Options, Outcome, checks, nemesis, workload};
 
 /// The running nodes, as the clients see them: a node stopped by the
@@ -31,6 +32,12 @@ impl Nodes {
     pub fn running(&self) -> Vec<(u64, Node)> {
         let nodes = self.0.lock().unwrap_or_else(|p| p.into_inner());
         nodes.iter().map(|(id, n)| (*id, n.clone())).collect()
+    }
+
+    /// Node `id`, if it runs.
+    pub fn get(&self, id: u64) -> Option<Node> {
+        let nodes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        nodes.get(&id).cloned()
     }
 
     /// Node `id` is up (`Some`) or down.
@@ -94,6 +101,8 @@ pub struct World {
     pub rng: StdRng,
     /// Faults injected so far.
     pub faults: u64,
+    /// What landed in the rings by remote WRITE.
+    pub landings: LandingCheck,
 }
 
 impl World {
@@ -159,6 +168,13 @@ pub async fn run(seed: u64, options: &Options) -> Outcome {
     for id in cluster.running() {
         nodes.set(id, Some(cluster.node(id).clone()));
     }
+    let names = cluster
+        .members
+        .iter()
+        .map(|(id, member)| (member.config.listen.clone(), *id))
+        .collect();
+    let landings = LandingCheck::install(&cluster.fabric, names, nodes.clone())
+        .expect("a new fabric has no landing observer yet");
     let history =
         Recorder::with_clock(move || u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX));
     let trace = Trace::new(options.trace, start);
@@ -171,6 +187,7 @@ pub async fn run(seed: u64, options: &Options) -> Outcome {
         trace,
         rng,
         faults: 0,
+        landings,
     };
     let clients = workload::Clients::spawn(&world, options.clients);
     let failure = run_faults(&mut world, options, &clients).await;

@@ -26,7 +26,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -46,6 +46,44 @@ use crate::types::{AtomicCapability, ConnConfig};
 use crate::work::Done;
 
 mod freeze;
+/// A remote WRITE as it landed in a node's registered memory: what an
+/// observer installed with [`Fabric::observe_landings`] is shown.
+#[derive(Clone, Copy, Debug)]
+pub struct Landing<'a> {
+    /// The node whose memory was written (its fabric name).
+    pub node: &'a str,
+    /// Where the bytes landed (an address inside one of its registrations).
+    pub addr: u64,
+    /// The bytes, as they now are in its memory.
+    pub bytes: &'a [u8],
+}
+
+/// What [`Fabric::observe_landings`] installs.
+type LandingObserver = Box<dyn Fn(&Landing<'_>) + Send + Sync>;
+
+/// The fabric's landing observer as one device's NIC sees it: its node's
+/// name and the fabric-wide slot (installed once, possibly after the
+/// device was made).
+pub(crate) struct LandingSink {
+    node: String,
+    observer: Arc<OnceLock<LandingObserver>>,
+}
+
+impl LandingSink {
+    /// A WRITE of `bytes` landed at `addr`. The NIC calls it after the
+    /// copy, outside its registration table's lock: an observer may read
+    /// the node's state, but runs inside the NIC's execution, so it must
+    /// not wait for the fabric.
+    pub(crate) fn landed(&self, addr: u64, bytes: &[u8]) {
+        if let Some(observer) = self.observer.get() {
+            observer(&Landing {
+                node: &self.node,
+                addr,
+                bytes,
+            });
+        }
+    }
+}
 
 #[derive(Clone)]
 struct ListenerEntry {
@@ -102,6 +140,8 @@ struct Inner {
     /// Notified at every change of `state`.
     changed: Notify,
     links: Mutex<Vec<(Direction, Direction)>>,
+    /// Shown every remote WRITE that lands (none until installed).
+    landings: Arc<OnceLock<LandingObserver>>,
 }
 
 /// Mixes the fabric's seed into the seed of its device seeds (SplitMix64's
@@ -138,6 +178,7 @@ impl Fabric {
                 state: Mutex::new(NetState::default()),
                 changed: Notify::new(),
                 links: Mutex::new(Vec::new()),
+                landings: Arc::new(OnceLock::new()),
             }),
         }
     }
@@ -168,9 +209,34 @@ impl Fabric {
             .expect("fabric device seeds")
             .random();
         let entropy = Entropy::seeded(seed);
+        let landings = LandingSink {
+            node: node.to_string(),
+            observer: self.inner.landings.clone(),
+        };
+        let device = SoftDevice::new(config, flavor, atomic, entropy, Some(landings));
         Device {
-            kind: DeviceKind::Soft(Arc::new(SoftDevice::new(config, flavor, atomic, entropy))),
+            kind: DeviceKind::Soft(Arc::new(device)),
         }
+    }
+
+    /// Installs `observer`, shown every remote WRITE that lands in the
+    /// registered memory of any of this fabric's devices (made before or
+    /// after), right after the bytes were copied: a simulator's check of
+    /// what reaches a node's ring. It runs inside the executing NIC (on
+    /// the responder's task, outside the NIC's locks): it must be quick
+    /// and must not wait for the fabric. Without one a WRITE costs one
+    /// atomic load more.
+    ///
+    /// # Errors
+    /// An observer is installed already (one per fabric).
+    pub fn observe_landings(
+        &self,
+        observer: impl Fn(&Landing<'_>) + Send + Sync + 'static,
+    ) -> Result<()> {
+        self.inner
+            .landings
+            .set(Box::new(observer))
+            .map_err(|_| TransportError::Invalid("the fabric has a landing observer".into()))
     }
 
     fn update(&self, f: impl FnOnce(&mut NetState)) {

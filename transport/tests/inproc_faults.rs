@@ -256,3 +256,48 @@ async fn a_frozen_node_s_nic_serves_one_sided_requests_while_its_application_wai
     assert_eq!(buf.read(8, 5).unwrap(), b"later");
     assert_eq!(a_buf.read(0, 5).unwrap(), b"fromb");
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_landing_observer_sees_every_write_that_lands_and_no_other() {
+    use std::sync::{Arc, Mutex};
+    let fabric = Fabric::new(4);
+    // Installed after the devices were made: they see it all the same.
+    let (_a, _b, ab, _ba, buf) = pair(&fabric).await;
+    /// What the observer was shown: the node, the address, the bytes.
+    type Seen = Vec<(String, u64, Vec<u8>)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let record = seen.clone();
+    fabric
+        .observe_landings(move |landing| {
+            record.lock().unwrap().push((
+                landing.node.to_string(),
+                landing.addr,
+                landing.bytes.to_vec(),
+            ))
+        })
+        .unwrap();
+    assert!(
+        fabric.observe_landings(|_| {}).is_err(),
+        "one observer per fabric"
+    );
+    let region = buf.remote();
+    ab.post_write(region.start(), b"lands")
+        .unwrap()
+        .await
+        .unwrap();
+    ab.post_read(region.start(), 5).unwrap().await.unwrap();
+    let word = region.at(8, 8).unwrap();
+    ab.post_compare_swap(word, 0, 1).unwrap().await.unwrap();
+    // A WRITE under a wrong rkey is refused by the NIC: it never lands.
+    let mut forged = region.start();
+    forged.rkey ^= 1;
+    if let Ok(pending) = ab.post_write(forged, b"refused") {
+        assert!(pending.await.is_err(), "a WRITE under a wrong rkey");
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "one WRITE landed: {seen:?}");
+    assert_eq!(seen[0].0, "b");
+    assert_eq!(seen[0].1, region.addr);
+    assert_eq!(seen[0].2, b"lands");
+    assert_eq!(buf.read(0, 5).unwrap(), b"lands");
+}

@@ -49,7 +49,13 @@ impl SoftDevice {
     /// A device of the tcp backend: a real deployment's, so its rkeys and
     /// nonces come from the OS.
     pub(crate) fn tcp(config: DeviceConfig) -> SoftDevice {
-        SoftDevice::new(config, Flavor::Tcp, AtomicCapability::Global, Entropy::os())
+        SoftDevice::new(
+            config,
+            Flavor::Tcp,
+            AtomicCapability::Global,
+            Entropy::os(),
+            None,
+        )
     }
 
     pub(crate) fn new(
@@ -57,10 +63,15 @@ impl SoftDevice {
         flavor: Flavor,
         atomic: AtomicCapability,
         entropy: Entropy,
+        landings: Option<crate::inproc::LandingSink>,
     ) -> SoftDevice {
         let entropy = Arc::new(entropy);
+        let mut nic = SoftNic::new(config.limits.clone(), entropy.clone());
+        if let Some(sink) = landings {
+            nic.observe(sink);
+        }
         SoftDevice {
-            nic: Arc::new(SoftNic::new(config.limits.clone(), entropy.clone())),
+            nic: Arc::new(nic),
             config,
             flavor,
             atomic,

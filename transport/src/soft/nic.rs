@@ -18,6 +18,7 @@ use std::sync::{Arc, RwLock};
 
 use crate::entropy::Entropy;
 use crate::error::{Result, TransportError, WcError};
+use crate::inproc::LandingSink;
 use crate::limits;
 use crate::types::{Access, DeviceLimits};
 use crate::work::{Done, Request};
@@ -44,6 +45,8 @@ pub(crate) struct SoftNic {
     /// One-sided requests refused (access or invalid request), like a NIC's
     /// error counters.
     pub(crate) refused: std::sync::atomic::AtomicU64,
+    /// Shown the WRITEs that land (the inproc fabric's devices only).
+    landings: Option<LandingSink>,
 }
 
 impl SoftNic {
@@ -53,7 +56,13 @@ impl SoftNic {
             limits,
             entropy,
             refused: std::sync::atomic::AtomicU64::new(0),
+            landings: None,
         }
+    }
+
+    /// Shows `sink` every WRITE that lands from now on.
+    pub(crate) fn observe(&mut self, sink: LandingSink) {
+        self.landings = Some(sink);
     }
 
     /// Registers `len` bytes at `addr` and returns the new rkey.
@@ -117,8 +126,14 @@ impl SoftNic {
     /// handles it.
     pub(crate) fn execute(&self, request: &Request, qp_access: Access) -> Result<Done, WcError> {
         let result = self.execute_checked(request, qp_access);
-        if result.is_err() {
-            self.refused.fetch_add(1, Ordering::Relaxed);
+        match (&result, request, &self.landings) {
+            (Err(_), _, _) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+            }
+            // After the copy and outside the table's lock: the observer may
+            // look at the node (which may be rotating an rkey) freely.
+            (Ok(_), Request::Write { addr, data, .. }, Some(sink)) => sink.landed(*addr, data),
+            (Ok(_), _, _) => {}
         }
         result
     }
