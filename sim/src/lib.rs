@@ -13,6 +13,8 @@
 //! - [`world`]: the cluster, the registry of running nodes, the trace;
 //! - [`workload`]: the clients;
 //! - [`nemesis`]: the faults;
+//! - [`power`]: power loss (a simulated disk over the real one: what was
+//!   not synced is lost, the ring in shared memory too);
 //! - [`checks`]: what must hold after every step and at the end.
 //!
 //! It must never read the wall clock or an unseeded random source in the
@@ -21,6 +23,7 @@
 
 pub mod checks;
 pub mod nemesis;
+pub mod power;
 pub mod workload;
 pub mod world;
 

@@ -2,7 +2,8 @@
 //! them), each held for a while and then healed: a partition (a minority
 //! cut off both ways), a one-way cut, a crash and restart, a pause (the
 //! node's traffic frozen while it runs on), message delays, a leadership
-//! transfer, damage to a stopped follower's log. A fault that cuts the
+//! transfer, damage to a stopped follower's log, and in `fsync` runs a
+//! power loss of one machine or of all ([`crate::power`]). A fault that cuts the
 //! leader off records the checker's isolated-leader window, closed only
 //! after the majority elected a leader of a later term.
 //!
@@ -16,6 +17,7 @@ use rand::RngExt;
 use ringraft_testkit::inproc::damage;
 use serde_json::json;
 
+use crate::power;
 use crate::world::World;
 
 /// How long the majority may take to elect a leader once the old one is
@@ -63,6 +65,15 @@ pub enum Fault {
         /// The follower.
         node: u64,
     },
+    /// `node`'s machine loses power and boots again: its unsynced writes
+    /// and its ring (shared memory) are lost (`fsync` runs only:
+    /// [`crate::power`]).
+    PowerLoss {
+        /// The node.
+        node: u64,
+    },
+    /// Every machine loses power at once and boots again.
+    PowerLossAll,
 }
 
 fn addr(world: &World, id: u64) -> String {
@@ -134,7 +145,10 @@ pub async fn step(world: &mut World) -> Result<(), String> {
     let gap = Duration::from_millis(world.rng.random_range(100..800));
     tokio::time::sleep(gap).await;
     let leader = world.leader(Duration::from_millis(500)).await;
-    let fault = choose(world, leader.map(|(id, _)| id));
+    let fault = match power::choose(world) {
+        Some(fault) => fault,
+        None => choose(world, leader.map(|(id, _)| id)),
+    };
     let hold = Duration::from_millis(world.rng.random_range(300..3000));
     world
         .trace
@@ -159,6 +173,8 @@ fn fault_name(fault: &Fault) -> &'static str {
         Fault::Delay { .. } => "delay",
         Fault::Transfer { .. } => "transfer",
         Fault::Damage { .. } => "damage",
+        Fault::PowerLoss { .. } => "power-loss",
+        Fault::PowerLossAll => "power-loss-all",
     }
 }
 
@@ -239,6 +255,8 @@ async fn apply(
             tokio::time::sleep(hold).await;
             world.boot(*node).await?;
         }
+        Fault::PowerLoss { node } => power::apply(world, &[*node], hold).await?,
+        Fault::PowerLossAll => power::apply(world, &ids(world), hold).await?,
     }
     Ok(())
 }
