@@ -3,8 +3,8 @@
 //! cut off both ways), a one-way cut, a crash and restart, a pause (the
 //! node's traffic frozen while it runs on), message delays, a leadership
 //! transfer, damage to a stopped follower's log, and in `fsync` runs a
-//! power loss of one machine or of all ([`crate::power`]). A fault that cuts the
-//! leader off records the checker's isolated-leader window, closed only
+//! power loss of one machine or of all ([`crate::power`]). A fault that
+//! cuts the leader off records the checker's isolated-leader window, closed only
 //! after the majority elected a leader of a later term.
 //!
 //! It owns what a fault does to the world; it never judges the run (the
