@@ -274,6 +274,16 @@ pub struct Round {
     pub synced: bool,
 }
 
+impl Round {
+    /// A round with nothing to do.
+    const IDLE: Round = Round {
+        entries: 0,
+        bytes: 0,
+        ops: 0,
+        synced: false,
+    };
+}
+
 /// The node's flusher: run it on a thread of its own ([`Flusher::run`]),
 /// as a task ([`Flusher::run_async`]), or step it ([`Flusher::step`]) from
 /// a test.
@@ -284,6 +294,8 @@ pub struct Flusher<S: SegmentSink> {
     sink: S,
     buf: Vec<u8>,
     on_room: Option<Box<dyn Fn() + Send>>,
+    /// See [`Flusher::simulate_flush_latency`].
+    flush_latency: std::time::Duration,
 }
 
 impl<S: SegmentSink> Flusher<S> {
@@ -300,7 +312,18 @@ impl<S: SegmentSink> Flusher<S> {
             sink,
             buf: Vec::new(),
             on_room: None,
+            flush_latency: std::time::Duration::ZERO,
         }
+    }
+
+    /// A simulated disk's latency, for [`Flusher::run_async`] only: each
+    /// round that flushes waits `latency` of the runtime's time between
+    /// its write and its flush, as a real disk's flush takes time. A
+    /// deterministic simulation (paused time) needs it to cut the power
+    /// while a flush is in flight; without it a flush takes no time at all
+    /// there. Zero (the default): no wait.
+    pub fn simulate_flush_latency(&mut self, latency: std::time::Duration) {
+        self.flush_latency = latency;
     }
 
     /// Called after a round gave ring bytes back (admission waits on it).
@@ -380,7 +403,7 @@ impl<S: SegmentSink> Flusher<S> {
                     return;
                 }
             }
-            if self.step().is_none() {
+            if self.step_async().await.is_none() {
                 return;
             }
             tokio::task::yield_now().await;
@@ -394,30 +417,62 @@ impl<S: SegmentSink> Flusher<S> {
     pub fn step(&mut self) -> Option<Round> {
         let store = self.store.upgrade()?;
         let Some(taken) = self.take(&store) else {
-            return Some(Round {
-                entries: 0,
-                bytes: 0,
-                ops: 0,
-                synced: false,
-            });
+            return Some(Round::IDLE);
         };
+        let mut written = self.write(&taken);
+        if matches!(written.result, Ok(true)) {
+            self.flush(&mut written);
+        }
+        Some(self.finish(&store, &taken, &written))
+    }
+
+    /// [`Flusher::step`] on the runtime, where a flush first waits the
+    /// [`Flusher::simulate_flush_latency`] (the store is not held while
+    /// it waits).
+    async fn step_async(&mut self) -> Option<Round> {
+        if self.flush_latency.is_zero() {
+            return self.step();
+        }
+        let taken = {
+            let store = self.store.upgrade()?;
+            self.take(&store)
+        };
+        let Some(taken) = taken else {
+            return Some(Round::IDLE);
+        };
+        let mut written = self.write(&taken);
+        if matches!(written.result, Ok(true)) {
+            tokio::time::sleep(self.flush_latency).await;
+            self.flush(&mut written);
+        }
+        let store = self.store.upgrade()?;
+        Some(self.finish(&store, &taken, &written))
+    }
+
+    /// The end of a round: settles it, completes its waiters, tells of the
+    /// room it freed.
+    fn finish(
+        &mut self,
+        store: &crate::log_store::Inner,
+        taken: &Taken,
+        written: &Written,
+    ) -> Round {
         let entries = taken.copied_to.map_or(0, |(first, last)| last + 1 - first);
         let bytes = self.buf.len() as u64;
-        let written = self.write(&taken);
         let synced = *written.result.as_ref().unwrap_or(&false);
-        let (ready, room) = self.settle(&store, &taken, &written);
+        let (ready, room) = self.settle(store, taken, written);
         for (waiter, result) in ready {
             waiter.complete(result);
         }
         if room && let Some(notify) = &self.on_room {
             notify();
         }
-        Some(Round {
+        Round {
             entries,
             bytes,
             ops: taken.ops.len(),
             synced,
-        })
+        }
     }
 
     /// Under the locks: takes the queued operations and copies the ring's
@@ -449,8 +504,9 @@ impl<S: SegmentSink> Flusher<S> {
         })
     }
 
-    /// Outside the locks: applies the operations, appends the buffer and
-    /// flushes when asked or in `fsync` durability.
+    /// Outside the locks: applies the operations and appends the buffer.
+    /// `Ok(true)` when the round must flush next ([`Flusher::flush`]): when
+    /// asked, or in `fsync` durability.
     fn write(&mut self, taken: &Taken) -> Written {
         let mut ops_done = 0;
         let mut appended = false;
@@ -469,15 +525,20 @@ impl<S: SegmentSink> Flusher<S> {
             let sync = taken.sync_requested
                 || (self.durability == Durability::Fsync
                     && (!self.buf.is_empty() || !taken.ops.is_empty()));
-            if sync {
-                self.sink.sync()?;
-            }
             Ok::<bool, WalError>(sync)
         })();
         Written {
             result,
             ops_done,
             appended,
+        }
+    }
+
+    /// Outside the locks: flushes what [`Flusher::write`] wrote; a failure
+    /// becomes the round's result.
+    fn flush(&mut self, written: &mut Written) {
+        if let Err(e) = self.sink.sync() {
+            written.result = Err(e);
         }
     }
 

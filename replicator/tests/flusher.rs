@@ -318,3 +318,33 @@ async fn the_inline_flusher_is_a_task_woken_by_the_appends() {
     // each other alive.)
     flusher.abort();
 }
+
+/// A simulated flush latency (`Flusher::simulate_flush_latency`): the
+/// inline flusher writes at once and flushes that much later in the
+/// runtime's time; the `fsync` append completes only after the flush.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_simulated_flush_latency_delays_the_flush_not_the_write() {
+    let latency = std::time::Duration::from_millis(4);
+    let (_dir, mut store) = store_with(Durability::Fsync, IoMode::Inline);
+    let sink = Counting::default();
+    let mut flusher = store.flusher(sink.clone());
+    flusher.simulate_flush_latency(latency);
+    let flusher = tokio::spawn(flusher.run_async());
+    let started = tokio::time::Instant::now();
+    let mut callback = append(&mut store, vec![entry(1, 0), entry(1, 1)]).await;
+    // The round has written, not flushed, and the append waits.
+    tokio::time::sleep(latency / 2).await;
+    {
+        let calls = sink.0.lock().unwrap();
+        assert_eq!((calls.appends.len(), calls.syncs), (1, 0), "{calls:?}");
+    }
+    assert!(!done(&mut callback), "acknowledged before the flush");
+    callback.await.expect("completed").expect("flushed");
+    assert_eq!(
+        started.elapsed(),
+        latency,
+        "completed when the flush was done"
+    );
+    assert_eq!(sink.0.lock().unwrap().syncs, 1);
+    flusher.abort();
+}

@@ -14,6 +14,8 @@
 //! - [`workload`]: the clients;
 //! - [`nemesis`]: the faults ([`membership`]: removing a follower and
 //!   adding it back);
+//! - [`power`]: power loss (a simulated disk over the real one: what was
+//!   not synced is lost, the ring in shared memory too);
 //! - [`checks`]: what must hold after every step and at the end.
 //! - [`nemesis`]: the faults;
 //! - [`regrant`]: the scripted fault that lets a deposed leader ask a
@@ -29,6 +31,7 @@ pub mod checks;
 pub mod landing;
 pub mod membership;
 pub mod nemesis;
+pub mod power;
 pub mod regrant;
 pub mod workload;
 pub mod world;

@@ -6,7 +6,8 @@
 //! delays, a leadership transfer, damage to a stopped follower's log, a
 //! follower removed and added back (`membership.rs`), a bridge (a node cut
 //! off from all but one), a deposed leader asking for a grant
-//! ([`crate::regrant`]). A fault that cuts the
+//! ([`crate::regrant`]), and in `fsync` runs a power loss of one machine or
+//! of all ([`crate::power`]). A fault that cuts the
 //! leader off records the checker's isolated-leader window, closed only
 //! after the majority elected a leader of a later term.
 //!
@@ -21,6 +22,7 @@ use ringraft_testkit::inproc::damage;
 use serde_json::json;
 
 use crate::membership;
+use crate::power;
 use crate::world::World;
 
 /// How long the majority may take to elect a leader once the old one is
@@ -97,6 +99,15 @@ pub enum Fault {
         /// The follower.
         follower: u64,
     },
+    /// `node`'s machine loses power and boots again: its unsynced writes
+    /// and its ring (shared memory) are lost (`fsync` runs only:
+    /// [`crate::power`]).
+    PowerLoss {
+        /// The node.
+        node: u64,
+    },
+    /// Every machine loses power at once and boots again.
+    PowerLossAll,
 }
 
 pub(crate) fn addr(world: &World, id: u64) -> String {
@@ -190,7 +201,10 @@ pub async fn step(world: &mut World) -> Result<(), String> {
     let gap = Duration::from_millis(world.rng.random_range(100..800));
     tokio::time::sleep(gap).await;
     let leader = world.leader(Duration::from_millis(500)).await;
-    let fault = choose(world, leader.map(|(id, _)| id));
+    let fault = match power::choose(world) {
+        Some(fault) => fault,
+        None => choose(world, leader.map(|(id, _)| id)),
+    };
     let hold = Duration::from_millis(world.rng.random_range(300..3000));
     world
         .trace
@@ -219,6 +233,8 @@ fn fault_name(fault: &Fault) -> &'static str {
         Fault::Membership { .. } => "membership",
         Fault::Bridge { .. } => "bridge",
         Fault::Regrant { .. } => "regrant",
+        Fault::PowerLoss { .. } => "power-loss",
+        Fault::PowerLossAll => "power-loss-all",
     }
 }
 
@@ -326,6 +342,8 @@ async fn apply(
         Fault::Regrant { follower } => {
             crate::regrant::apply(world, leader, *follower, hold).await?;
         }
+        Fault::PowerLoss { node } => power::apply(world, &[*node], hold).await?,
+        Fault::PowerLossAll => power::apply(world, &ids(world), hold).await?,
     }
     Ok(())
 }

@@ -20,7 +20,7 @@ use ringraft_testkit::inproc::{Cluster, Kind};
 use tokio::time::Instant;
 
 use crate::landing::LandingCheck;
-use crate::{Options, Outcome, checks, nemesis, workload};
+use crate::{Options, Outcome, checks, nemesis, power, workload};
 
 /// The running nodes, as the clients see them: a node stopped by the
 /// nemesis leaves, a restarted one comes back.
@@ -162,8 +162,14 @@ pub async fn run(seed: u64, options: &Options) -> Outcome {
     // Every node's openraft draws from the seed, and its disk I/O runs
     // inline (no thread of its own): the run is a function of the seed.
     let nodes_seeded = ringraft_testkit::inproc::deterministic(seed);
-    let cluster =
-        Cluster::start_with(Kind::Inproc, options.nodes, durability, seed, nodes_seeded).await;
+    // A flush of the simulated disk takes time (a power loss may strike
+    // while one is in flight).
+    let flush_latency = power::flush_latency(seed);
+    let cluster = Cluster::start_with(Kind::Inproc, options.nodes, durability, seed, |config| {
+        nodes_seeded(config);
+        config.simulated_flush_latency = flush_latency;
+    })
+    .await;
     let nodes = Nodes::default();
     for id in cluster.running() {
         nodes.set(id, Some(cluster.node(id).clone()));
@@ -178,7 +184,12 @@ pub async fn run(seed: u64, options: &Options) -> Outcome {
     let history =
         Recorder::with_clock(move || u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX));
     let trace = Trace::new(options.trace, start);
-    trace.event(|| format!("seed {seed}: {} nodes, {durability:?}", options.nodes));
+    trace.event(|| {
+        format!(
+            "seed {seed}: {} nodes, {durability:?}, flushes take {flush_latency:?}",
+            options.nodes
+        )
+    });
     let mut world = World {
         seed,
         cluster,
@@ -189,6 +200,7 @@ pub async fn run(seed: u64, options: &Options) -> Outcome {
         faults: 0,
         landings,
     };
+    power::watch_world(&world);
     let clients = workload::Clients::spawn(&world, options.clients);
     let failure = run_faults(&mut world, options, &clients).await;
     let stats = clients.stop().await;
@@ -197,6 +209,7 @@ pub async fn run(seed: u64, options: &Options) -> Outcome {
         None => finish(&mut world, options).await.err(),
     };
     world.cluster.fabric.heal();
+    power::forget_world(&world);
     Outcome {
         seed,
         failure,

@@ -80,7 +80,7 @@ pub mod validate;
 
 pub use check::{CheckReport, check};
 pub use control_word::{FenceWord, HeadWord, WordLength};
-pub use disk::{Access, Disk, DiskFile, RealDisk, RealFile};
+pub use disk::{Access, Disk, DiskFile, DiskObserver, DiskOp, RealDisk, RealFile};
 pub use error::{AdoptError, LayoutError, Result, WalError};
 pub use layout::{Epoch, RingHeader};
 pub use meta::{Meta, PurgePoint, VoteRecord};

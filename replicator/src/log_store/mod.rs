@@ -314,12 +314,29 @@ impl LogStore {
     /// # Errors
     /// When the segment log was taken already or the thread cannot start.
     pub fn start_flusher(&self, on_room: impl Fn() + Send + 'static) -> io::Result<()> {
+        self.start_flusher_with(on_room, std::time::Duration::ZERO)
+    }
+
+    /// [`LogStore::start_flusher`], with a simulated disk's flush latency
+    /// in [`IoMode::Inline`] ([`Flusher::simulate_flush_latency`]; ignored
+    /// in [`IoMode::Threads`], where the disk's own latency is real).
+    ///
+    /// # Errors
+    /// When the segment log was taken already or the thread cannot start.
+    pub fn start_flusher_with(
+        &self,
+        on_room: impl Fn() + Send + 'static,
+        flush_latency: std::time::Duration,
+    ) -> io::Result<()> {
         let segments = self
             .wal()
             .take_segments()
             .ok_or_else(|| io_err("the segment log is taken already: one flusher per store"))?;
         let mut flusher = self.flusher(segments);
         flusher.on_room(on_room);
+        if self.inner.io == IoMode::Inline {
+            flusher.simulate_flush_latency(flush_latency);
+        }
         match self.inner.io {
             IoMode::Threads => std::thread::Builder::new()
                 .name(format!("ringraft-flush-{}", self.inner.node_id))

@@ -100,6 +100,12 @@ pub struct NodeConfig {
     /// [`IoMode::Threads`]; [`IoMode::Inline`] for a deterministic
     /// simulation).
     pub io: IoMode,
+    /// With [`IoMode::Inline`] only: how long each flush of the segments
+    /// takes in the runtime's time (a simulated disk's latency, set by the
+    /// simulator so that a power loss can strike while a flush is in
+    /// flight). Zero (the default): a flush takes no simulated time.
+    /// Ignored with [`IoMode::Threads`].
+    pub simulated_flush_latency: Duration,
 }
 
 impl NodeConfig {
@@ -130,6 +136,7 @@ impl NodeConfig {
             },
             seed: None,
             io: IoMode::Threads,
+            simulated_flush_latency: Duration::ZERO,
         }
     }
 }

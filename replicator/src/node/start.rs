@@ -271,7 +271,7 @@ fn open_storage(
     // (`config.io`).
     let freed = admission.clone();
     store
-        .start_flusher(move || freed.space_freed())
+        .start_flusher_with(move || freed.space_freed(), config.simulated_flush_latency)
         .map_err(|e| NodeError::Storage(format!("start the flusher: {e}")))?;
     Ok(Storage {
         store,
