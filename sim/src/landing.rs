@@ -131,7 +131,9 @@ impl LandingCheck {
                     return;
                 };
                 let vote_term = node.log_store().vote().map_or(0, |v| v.term);
+                let tail_lsn = node.log_store().tail().next_lsn;
                 judge(&mut found, id, vote_term, landing);
+                judge_tail(&mut found, id, tail_lsn, landing);
             })
             .map_err(|e| format!("landing check: {e}"))?;
         Ok(check)
@@ -175,6 +177,39 @@ fn judge(found: &mut Found, id: u64, vote_term: u64, landing: &Landing<'_>) {
             landing.bytes.len(),
         ));
     }
+}
+
+/// DESIGN.md's data-plane invariant: a remote WRITE lands only at or
+/// beyond the node's adopted tail (adopted records are never overwritten
+/// from outside). A leader learns the tail in its grant and keeps it exact
+/// through the answers; a WRITE below it means the node adopted records
+/// behind a granted leader's back (as adoption without its epoch check
+/// would: a deposed leader's batch taken after the fence moved).
+fn judge_tail(found: &mut Found, id: u64, tail_lsn: u64, landing: &Landing<'_>) {
+    if found.violation.is_some() {
+        return;
+    }
+    let (below, _) = records_below(landing.bytes, tail_lsn);
+    if let Some(first) = below.first() {
+        let h = &first.header;
+        found.violation = Some(format!(
+            "landing check: a WRITE landed in node {id}'s ring below its adopted tail (a record \
+             of epoch {} at lsn {}, index {}, while the tail is at lsn {tail_lsn}): it \
+             overwrote an adopted record",
+            h.epoch, h.lsn, h.index,
+        ));
+    }
+}
+
+/// The records in `bytes` (as [`stale_records`] reads them) that start
+/// below `tail_lsn`, and how many records were read.
+pub fn records_below(bytes: &[u8], tail_lsn: u64) -> (Vec<StaleRecord>, u64) {
+    let (all, records) = stale_records(bytes, u64::MAX);
+    let below = all
+        .into_iter()
+        .filter(|r| r.header.lsn < tail_lsn)
+        .collect();
+    (below, records)
 }
 
 #[cfg(test)]
@@ -267,5 +302,23 @@ mod tests {
             assert!(line.contains(part), "{part:?} in {line}");
         }
         assert_eq!(found.records, 2);
+    }
+
+    #[test]
+    fn a_write_below_the_adopted_tail_is_flagged_and_one_at_it_is_not() {
+        let bytes = record(epoch(2, 1), 128, 5, b"c2-9");
+        let landing = Landing {
+            node: "node3",
+            addr: 0x1000,
+            bytes: &bytes,
+        };
+        let mut found = Found::default();
+        judge_tail(&mut found, 3, 128, &landing);
+        assert_eq!(found.violation, None, "at the tail");
+        judge_tail(&mut found, 3, 192, &landing);
+        let line = found.violation.expect("a violation");
+        for part in ["node 3", "below its adopted tail", "lsn 128", "lsn 192"] {
+            assert!(line.contains(part), "{part:?} in {line}");
+        }
     }
 }

@@ -33,6 +33,7 @@ pub mod membership;
 pub mod nemesis;
 pub mod power;
 pub mod regrant;
+pub mod stale_adoption;
 pub mod workload;
 pub mod world;
 

@@ -108,6 +108,12 @@ pub enum Fault {
     },
     /// Every machine loses power at once and boots again.
     PowerLossAll,
+    /// A deposed leader's batch named to `bridge` after a new leader
+    /// fenced it in (five nodes or more): [`crate::stale_adoption`].
+    StaleAdoption {
+        /// The follower.
+        bridge: u64,
+    },
 }
 
 pub(crate) fn addr(world: &World, id: u64) -> String {
@@ -131,7 +137,7 @@ fn choose(world: &mut World, leader: Option<u64>) -> Fault {
         Some(l) if world.rng.random_bool(0.6) => l,
         _ => any(world),
     };
-    match world.rng.random_range(0..11) {
+    match world.rng.random_range(0..12) {
         0 => {
             let first = leader_or_any(world);
             let mut minority = vec![first];
@@ -187,6 +193,12 @@ fn choose(world: &mut World, leader: Option<u64>) -> Fault {
                 bridge: other(world, cut),
             }
         }
+        10 => match leader {
+            Some(l) if n >= 5 => Fault::StaleAdoption {
+                bridge: other(world, l),
+            },
+            _ => Fault::Delay { max_ms: 5 },
+        },
         _ => match leader {
             Some(l) => Fault::Regrant {
                 follower: other(world, l),
@@ -235,6 +247,7 @@ fn fault_name(fault: &Fault) -> &'static str {
         Fault::Regrant { .. } => "regrant",
         Fault::PowerLoss { .. } => "power-loss",
         Fault::PowerLossAll => "power-loss-all",
+        Fault::StaleAdoption { .. } => "stale-adoption",
     }
 }
 
@@ -341,6 +354,9 @@ async fn apply(
         }
         Fault::Regrant { follower } => {
             crate::regrant::apply(world, leader, *follower, hold).await?;
+        }
+        Fault::StaleAdoption { bridge } => {
+            crate::stale_adoption::apply(world, leader, *bridge, hold).await?;
         }
         Fault::PowerLoss { node } => power::apply(world, &[*node], hold).await?,
         Fault::PowerLossAll => power::apply(world, &ids(world), hold).await?,

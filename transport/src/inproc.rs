@@ -99,6 +99,8 @@ struct NetState {
     paused: HashSet<String>,
     /// Frozen nodes: their NIC serves, their application does not run.
     frozen: HashSet<String>,
+    /// Directions whose SENDs are held (and every request behind them).
+    held_sends: HashSet<(String, String)>,
     /// Directed cuts: frames from .0 to .1 are held.
     cuts: HashSet<(String, String)>,
     delay: (Duration, Duration),
@@ -107,9 +109,15 @@ struct NetState {
 }
 
 impl NetState {
-    /// Whether `from` and `to` are frozen.
-    fn frozen(&self, from: &str, to: &str) -> (bool, bool) {
-        (self.frozen.contains(from), self.frozen.contains(to))
+    /// What holds frames from `from` to `to`.
+    fn ends(&self, from: &str, to: &str) -> freeze::Ends {
+        freeze::Ends {
+            from_frozen: self.frozen.contains(from),
+            to_frozen: self.frozen.contains(to),
+            sends_held: self
+                .held_sends
+                .contains(&(from.to_string(), to.to_string())),
+        }
     }
 
     fn passes(&self, from: &str, to: &str) -> bool {
@@ -263,9 +271,12 @@ impl Fabric {
         });
     }
 
-    /// Removes every cut.
+    /// Removes every cut and releases every held SEND.
     pub fn heal(&self) {
-        self.update(|s| s.cuts.clear());
+        self.update(|s| {
+            s.cuts.clear();
+            s.held_sends.clear();
+        });
     }
 
     /// Freezes `node`'s traffic: nothing it sends leaves, nothing reaches it.
@@ -297,6 +308,24 @@ impl Fabric {
     pub fn thaw(&self, node: &str) {
         self.update(|s| {
             s.frozen.remove(node);
+        });
+    }
+
+    /// From the first SEND from `from` to `to` that follows a WRITE on,
+    /// holds that direction's requests (in order) until
+    /// [`Fabric::release_sends`]: the WRITEs posted before the SEND land,
+    /// the message naming them waits (a slow path after the WRITEs).
+    /// Answers go on.
+    pub fn hold_sends(&self, from: &str, to: &str) {
+        self.update(|s| {
+            s.held_sends.insert((from.to_string(), to.to_string()));
+        });
+    }
+
+    /// Lets the SENDs held from `from` to `to` go on.
+    pub fn release_sends(&self, from: &str, to: &str) {
+        self.update(|s| {
+            s.held_sends.remove(&(from.to_string(), to.to_string()));
         });
     }
 
@@ -682,7 +711,7 @@ async fn deliver(
             let changed = fabric.inner.changed.notified();
             let mut changed = std::pin::pin!(changed);
             changed.as_mut().enable();
-            if fabric.frozen(&from, &to) == (false, false) {
+            if fabric.ends(&from, &to).open() {
                 for frame in held.drain() {
                     if !fabric.pass(&from, &to, frame, &incoming, &dead).await {
                         return;
@@ -712,9 +741,10 @@ async fn deliver(
         if at > Instant::now() {
             tokio::time::sleep_until(at).await;
         }
-        let (from_frozen, to_frozen) = fabric.frozen(&from, &to);
-        match held.rule(from_frozen, to_frozen, &frame) {
+        let ends = fabric.ends(&from, &to);
+        match held.rule(ends, &frame) {
             freeze::Rule::Pass => {
+                held.passed(ends, &frame);
                 if !fabric.pass(&from, &to, frame, &incoming, &dead).await {
                     return;
                 }
@@ -725,22 +755,22 @@ async fn deliver(
 }
 
 impl Fabric {
-    /// Whether `from` and `to` are frozen.
-    fn frozen(&self, from: &str, to: &str) -> (bool, bool) {
+    /// What holds frames from `from` to `to`.
+    fn ends(&self, from: &str, to: &str) -> freeze::Ends {
         self.inner
             .state
             .lock()
             .expect("fabric state")
-            .frozen(from, to)
+            .ends(from, to)
     }
 
-    /// Waits until neither `from` nor `to` is frozen.
+    /// Waits until nothing holds frames from `from` to `to`.
     async fn wait_thawed(&self, from: &str, to: &str) {
         loop {
             let changed = self.inner.changed.notified();
             let mut changed = std::pin::pin!(changed);
             changed.as_mut().enable();
-            if self.frozen(from, to) == (false, false) {
+            if self.ends(from, to).open() {
                 return;
             }
             changed.await;
