@@ -4,8 +4,9 @@
 use ringraft_sim::{Options, run_seed};
 
 /// An `fsync` seed whose first three faults include a power loss of every
-/// machine while flushes are in flight (a torn record among what is lost).
-const SEED: u64 = 4;
+/// machine that loses bytes (picked by running seeds 0..30 with
+/// `--faults 3 --trace`; another mix of faults moves it).
+const SEED: u64 = 15;
 
 #[test]
 fn a_seed_with_power_losses_replays_exactly() {
