@@ -277,6 +277,18 @@ impl Admission {
         self.inner.changed.notify_waiters();
     }
 
+    /// [`Admission::space_freed`] as a callback that does not keep the
+    /// admission (and the ring it watches) alive: what the flusher holds,
+    /// which the store it flushes must be able to outlive.
+    pub fn space_freed_callback(&self) -> impl Fn() + Send + Sync + 'static {
+        let inner = Arc::downgrade(&self.inner);
+        move || {
+            if let Some(inner) = inner.upgrade() {
+                inner.changed.notify_waiters();
+            }
+        }
+    }
+
     /// Waits until the ring has room for `commands` (all of them, as one
     /// proposal), in arrival order, at most the configured wait.
     ///

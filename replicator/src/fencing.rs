@@ -199,7 +199,8 @@ struct GuardInner {
     cluster_id: u64,
     /// Where this node's own listener is, for the loopback connection.
     self_addr: String,
-    store: Mutex<Option<LogStore>>,
+    /// Weak: the store keeps this guard.
+    store: Mutex<crate::log_store::WeakLogStore>,
     loopback: tokio::sync::Mutex<Option<(Connection, Hello)>>,
     cpu_fences: std::sync::atomic::AtomicU64,
     loopback_fences: std::sync::atomic::AtomicU64,
@@ -223,7 +224,7 @@ impl NodeGuard {
                 node_id,
                 cluster_id,
                 self_addr,
-                store: Mutex::new(None),
+                store: Mutex::default(),
                 loopback: tokio::sync::Mutex::new(None),
                 cpu_fences: Default::default(),
                 loopback_fences: Default::default(),
@@ -233,9 +234,9 @@ impl NodeGuard {
     }
 
     /// Binds the guard to its store (for CPU CAS on devices with global
-    /// atomics).
+    /// atomics), weakly: the store holds the guard.
     pub fn bind(&self, store: &LogStore) {
-        *self.inner.store.lock().expect("store lock") = Some(store.clone());
+        *self.inner.store.lock().expect("store lock") = store.downgrade();
     }
 
     /// Self-fences done so far: (with a CPU CAS, through the loopback).
@@ -332,9 +333,9 @@ impl RingGuard for NodeGuard {
             use std::sync::atomic::Ordering::Relaxed;
             crate::hooks::pass(inner.hooks.as_ref(), crate::hooks::HookPoint::SelfFence).await;
             let changed = if inner.device.atomic_capability() == AtomicCapability::Global {
-                let store = inner.store.lock().expect("store lock").clone();
+                let store = inner.store.lock().expect("store lock").upgrade();
                 let changed = store
-                    .ok_or_else(|| io::Error::other("guard not bound to its store"))?
+                    .ok_or_else(|| io::Error::other("guard not bound to a live store"))?
                     .cas_fence_locally(epoch)?;
                 inner.cpu_fences.fetch_add(1, Relaxed);
                 changed

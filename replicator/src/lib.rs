@@ -51,7 +51,7 @@ pub mod state_machine;
 pub mod types;
 pub mod watch;
 
-pub use log_store::{Durability, IoMode, LocalGuard, LogStore, RingGuard};
+pub use log_store::{Durability, IoMode, LocalGuard, LogStore, RingGuard, WeakLogStore};
 pub use network::ReplicationError;
 pub use node::{
     Fabric, LogRead, LogRecord, Node, NodeBuilder, NodeConfig, NodeError, ReadConsistency, Status,

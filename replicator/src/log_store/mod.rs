@@ -100,13 +100,13 @@ pub trait RingGuard: Send + Sync + 'static {
 /// remote access to revoke, and the fence is set with a CPU CAS.
 #[derive(Default)]
 pub struct LocalGuard {
-    store: Mutex<Option<LogStore>>,
+    store: Mutex<WeakLogStore>,
 }
 
 impl LocalGuard {
-    /// Binds the guard to its store.
+    /// Binds the guard to its store (weakly: the store holds the guard).
     pub fn bind(&self, store: &LogStore) {
-        *self.store.lock().expect("guard lock") = Some(store.clone());
+        *self.store.lock().expect("guard lock") = store.downgrade();
     }
 }
 
@@ -116,7 +116,7 @@ impl RingGuard for LocalGuard {
     }
 
     fn fence_self(&self, epoch: Epoch) -> BoxFuture<'static, io::Result<()>> {
-        let store = self.store.lock().expect("guard lock").clone();
+        let store = self.store.lock().expect("guard lock").upgrade();
         Box::pin(async move {
             if let Some(store) = store {
                 store.cas_fence_locally(epoch)?;
@@ -217,6 +217,19 @@ pub struct LogStore {
     inner: Arc<Inner>,
 }
 
+/// A reference to a [`LogStore`] that does not keep it alive: what the
+/// store's own guard holds (the store holds the guard), so that a stopped
+/// node's store, its ring mapping and its files are freed.
+#[derive(Clone, Debug, Default)]
+pub struct WeakLogStore(std::sync::Weak<Inner>);
+
+impl WeakLogStore {
+    /// The store, while something else keeps it alive.
+    pub fn upgrade(&self) -> Option<LogStore> {
+        self.0.upgrade().map(|inner| LogStore { inner })
+    }
+}
+
 impl Debug for LogStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LogStore")
@@ -226,6 +239,11 @@ impl Debug for LogStore {
 }
 
 impl LogStore {
+    /// A reference that does not keep the store alive.
+    pub fn downgrade(&self) -> WeakLogStore {
+        WeakLogStore(Arc::downgrade(&self.inner))
+    }
+
     /// A store over an open data directory, doing its blocking work on
     /// threads ([`IoMode::Threads`]).
     pub fn new(

@@ -269,9 +269,13 @@ fn open_storage(
     // Group commit beside the Raft core: the flusher writes what the
     // ring takes to the segments, on a thread of its own or as a task
     // (`config.io`).
-    let freed = admission.clone();
+    // A weak callback: the flusher must not keep the store alive through
+    // the admission, which holds the store.
     store
-        .start_flusher_with(move || freed.space_freed(), config.simulated_flush_latency)
+        .start_flusher_with(
+            admission.space_freed_callback(),
+            config.simulated_flush_latency,
+        )
         .map_err(|e| NodeError::Storage(format!("start the flusher: {e}")))?;
     Ok(Storage {
         store,
