@@ -32,14 +32,11 @@ use std::time::Duration;
 use openraft::raft::TransferLeaderRequest;
 use tokio::time::Instant;
 
+use crate::nemesis::addr;
 use crate::world::World;
 
 /// How often the script looks at the nodes (simulated).
 const POLL: Duration = Duration::from_millis(1);
-
-fn addr(world: &World, id: u64) -> String {
-    world.cluster.members[&id].config.listen.clone()
-}
 
 /// The term of the vote node `id` saved, if it runs.
 fn vote_term(world: &World, id: u64) -> Option<u64> {

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::nemesis::addr;
 use crate::world::World;
 
 /// How long the others may take to elect a leader and fence the follower
@@ -34,10 +35,6 @@ use crate::world::World;
 const PATIENCE: Duration = Duration::from_secs(15);
 /// Between looks at the follower's fence.
 const POLL: Duration = Duration::from_millis(1);
-
-fn addr(world: &World, id: u64) -> String {
-    world.cluster.members[&id].config.listen.clone()
-}
 
 /// Node `id`'s fence term, if it runs.
 fn fence_term(world: &World, id: u64) -> Option<u64> {

@@ -391,19 +391,18 @@ impl Fabric {
     }
 
     async fn wait_passes(&self, from: &str, to: &str) {
+        self.wait_until(|s| s.passes(from, to)).await;
+    }
+
+    /// Waits until `ready` holds of the fabric's state.
+    async fn wait_until(&self, ready: impl Fn(&NetState) -> bool) {
         loop {
             // Registered before the check: a change between the check and
             // the wait is not missed.
             let changed = self.inner.changed.notified();
             let mut changed = std::pin::pin!(changed);
             changed.as_mut().enable();
-            if self
-                .inner
-                .state
-                .lock()
-                .expect("fabric state")
-                .passes(from, to)
-            {
+            if ready(&self.inner.state.lock().expect("fabric state")) {
                 return;
             }
             changed.await;
@@ -766,15 +765,7 @@ impl Fabric {
 
     /// Waits until nothing holds frames from `from` to `to`.
     async fn wait_thawed(&self, from: &str, to: &str) {
-        loop {
-            let changed = self.inner.changed.notified();
-            let mut changed = std::pin::pin!(changed);
-            changed.as_mut().enable();
-            if self.ends(from, to).open() {
-                return;
-            }
-            changed.await;
-        }
+        self.wait_until(|s| s.ends(from, to).open()).await;
     }
 
     /// Delivers `frame` once the path is open; `false` when the direction
