@@ -49,13 +49,28 @@ pub struct ServerCtx {
     pub next_connection: std::sync::atomic::AtomicU64,
 }
 
-/// Serves `listener` until it closes.
+/// Serves `listener` until it closes, then waits for its connections.
+/// The connections' tasks belong to this one: aborting it (the node's
+/// shutdown) ends them too, so that none keeps the node's store alive.
 pub fn spawn(mut listener: Listener, ctx: Arc<ServerCtx>) -> tokio::task::JoinHandle<()> {
     let seeds = ctx.seeds.clone();
     crate::rt::spawn(&seeds, async move {
-        while let Some(conn) = listener.accept().await {
-            crate::rt::spawn(&ctx.seeds, serve_connection(conn, ctx.clone()));
+        let mut connections = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                biased;
+                // Finished connections are reaped as they end.
+                Some(_) = connections.join_next() => {}
+                conn = listener.accept() => match conn {
+                    Some(conn) => {
+                        let serve = serve_connection(conn, ctx.clone());
+                        connections.spawn(crate::rt::scoped(ctx.seeds.next(), serve));
+                    }
+                    None => break,
+                },
+            }
         }
+        while connections.join_next().await.is_some() {}
     })
 }
 
