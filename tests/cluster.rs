@@ -587,8 +587,8 @@ async fn proposals_in_flight_counts_calls_not_yet_answered() {
 /// of memory after ~100 seeds): the node's guard held its store and the
 /// store its guard, the flusher (running until the store is dropped) held
 /// the admission, which holds the store, and the server's connection
-/// tasks outlived the shutdown (pinned to one core, this test failed on
-/// that one alone).
+/// tasks outlived the shutdown (pinned to one core, this test failed
+/// until they were tied to the server task).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_node_frees_its_store() {
     for kind in [Kind::Inproc, Kind::Tcp] {
