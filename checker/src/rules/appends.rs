@@ -105,12 +105,16 @@ impl<'a> Checker<'a> {
         let data = inv.data.as_str();
         let mut lacking = Vec::new();
         let mut elsewhere = Vec::new();
+        // Where each node holds it, from the placements (built from the
+        // same logs, by node and then index): scanning every node's whole
+        // log for every acknowledged append was quadratic.
+        let places = order.placements.get(data).map_or(&[][..], Vec::as_slice);
         for (&node, log) in &order.per_node {
             let here = log.get(&acked_index) == Some(&data);
-            let others: Vec<u64> = log
+            let others: Vec<u64> = places
                 .iter()
-                .filter(|&(_, &d)| d == data)
-                .map(|(&i, _)| i)
+                .filter(|&&(n, _)| n == node)
+                .map(|&(_, i)| i)
                 .collect();
             if others.is_empty() {
                 lacking.push(node);
