@@ -1,5 +1,7 @@
 //! What must hold: after every fault, no record landed in a node's ring by
-//! remote WRITE with an epoch below the node's vote ([`crate::landing`]) and
+//! remote WRITE with an epoch below the node's vote, none below its adopted
+//! tail, and none that landed below its fence was adopted
+//! ([`crate::landing`]); and
 //! no two running nodes have applied different entries at one index (data
 //! or term); at the end, both again,
 //! and the checker's verdict on the history against every node's final log
@@ -39,9 +41,14 @@ pub fn at_end(world: &World) -> Result<(), String> {
 }
 
 /// No record landed by remote WRITE in a node's ring with an epoch below
-/// that node's vote (`crate::landing`).
+/// that node's vote or below its adopted tail, and none that landed below
+/// its fence is in its log (`crate::landing`).
 fn landings(world: &World) -> Result<(), String> {
-    world.landings.violation().map_or(Ok(()), Err)
+    world.landings.violation().map_or(Ok(()), Err)?;
+    world
+        .landings
+        .adopted_stale(&world.nodes)
+        .map_or(Ok(()), Err)
 }
 
 /// No two running nodes applied different entries at one index.

@@ -21,12 +21,24 @@
 //! the simulator nothing runs between the NIC's copy and the observer
 //! (one thread; the vote is saved inline), so "at that moment" is exact.
 //!
+//! A WRITE the fabric admitted and copies later ([`Moment::Admitted`], then
+//! [`Moment::LandedLate`]: the late-landing fault, `late_landing.rs`) is
+//! judged against the vote when it was admitted, where the rkey was
+//! checked; its copy may land after the node's term advanced, which
+//! DESIGN.md allows: "old in-flight WRITEs ... land as records the follower
+//! rejects". That it is rejected is the third rule: a record that lands
+//! with an epoch below the node's fence at that moment is remembered, and
+//! the node must never adopt it (`adopted_stale`). Adoption checks a record
+//! against the fence after the record landed, and the fence only rises, so
+//! the clean code never adopts one.
+//!
 //! It owns the observer and what it found; it never changes the world.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use ringraft_transport::inproc::Landing;
+use ringraft_transport::inproc::{Landing, Moment};
+use ringraft_wal::Epoch;
 use ringraft_wal::record::{RECORD_HEADER_BYTES, RecordHeader, record_crc};
 
 use crate::world::Nodes;
@@ -98,6 +110,25 @@ struct Found {
     /// WRITEs that landed in a node the registry did not list (starting
     /// or stopping): not checked.
     unchecked: u64,
+    /// Records that landed below their node's fence, which it must never
+    /// adopt (the oldest dropped beyond [`MAX_BELOW_FENCE`]).
+    below_fence: Vec<BelowFence>,
+    /// The highest epoch of a record that landed in each node.
+    latest: BTreeMap<u64, Epoch>,
+}
+
+/// How many records landed below the fence are remembered.
+const MAX_BELOW_FENCE: usize = 4096;
+
+/// A record that landed in node `node`'s ring with an epoch below the
+/// node's fence at that moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct BelowFence {
+    node: u64,
+    index: u64,
+    lsn: u64,
+    epoch: Epoch,
+    fence: Epoch,
 }
 
 /// The check of one run: install it on the run's fabric, ask it after
@@ -130,10 +161,15 @@ impl LandingCheck {
                     found.unchecked += 1;
                     return;
                 };
-                let vote_term = node.log_store().vote().map_or(0, |v| v.term);
-                let tail_lsn = node.log_store().tail().next_lsn;
-                judge(&mut found, id, vote_term, landing);
-                judge_tail(&mut found, id, tail_lsn, landing);
+                let store = node.log_store();
+                if landing.moment != Moment::LandedLate {
+                    let vote_term = store.vote().map_or(0, |v| v.term);
+                    judge(&mut found, id, vote_term, landing);
+                }
+                if landing.moment != Moment::Admitted {
+                    judge_tail(&mut found, id, store.tail().next_lsn, landing);
+                    remember(&mut found, id, store.fence(), landing);
+                }
             })
             .map_err(|e| format!("landing check: {e}"))?;
         Ok(check)
@@ -146,6 +182,39 @@ impl LandingCheck {
             .unwrap_or_else(|p| p.into_inner())
             .violation
             .clone()
+    }
+
+    /// The highest epoch of a record that landed in node `id` so far.
+    pub fn latest_epoch(&self, id: u64) -> Option<Epoch> {
+        let found = self.found.lock().unwrap_or_else(|p| p.into_inner());
+        found.latest.get(&id).copied()
+    }
+
+    /// A record that landed in a node's ring below its fence and that the
+    /// node has since adopted (its log holds it at the index, the lsn and
+    /// the epoch it landed with), as the run's failure line.
+    pub fn adopted_stale(&self, nodes: &Nodes) -> Option<String> {
+        let below = self
+            .found
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .below_fence
+            .clone();
+        below.iter().find_map(|b| {
+            let node = nodes.get(b.node)?;
+            let held = node.log_store().with_wal(|wal| {
+                let view = wal.ring().read(b.index).ok()?;
+                Some((view.lsn, view.epoch))
+            });
+            (held == Some((b.lsn, b.epoch))).then(|| {
+                format!(
+                    "adoption check: node {} adopted index {} (lsn {}) of epoch {}, a record \
+                     that landed after its fence had moved to {}: a fenced-out writer's record \
+                     taken into the log",
+                    b.node, b.index, b.lsn, b.epoch, b.fence
+                )
+            })
+        })
     }
 
     /// Records checked and WRITEs not checked, so far.
@@ -198,6 +267,29 @@ fn judge_tail(found: &mut Found, id: u64, tail_lsn: u64, landing: &Landing<'_>) 
              overwrote an adopted record",
             h.epoch, h.lsn, h.index,
         ));
+    }
+}
+
+/// Remembers the records of `landing` whose epoch is below `fence` (the
+/// node's, now), and the highest epoch that landed.
+fn remember(found: &mut Found, id: u64, fence: Epoch, landing: &Landing<'_>) {
+    let (records, _) = stale_records(landing.bytes, u64::MAX);
+    for record in records {
+        let h = record.header;
+        let latest = found.latest.entry(id).or_insert(h.epoch);
+        *latest = (*latest).max(h.epoch);
+        if h.epoch < fence {
+            if found.below_fence.len() >= MAX_BELOW_FENCE {
+                found.below_fence.remove(0);
+            }
+            found.below_fence.push(BelowFence {
+                node: id,
+                index: h.index,
+                lsn: h.lsn,
+                epoch: h.epoch,
+                fence,
+            });
+        }
     }
 }
 
@@ -286,6 +378,7 @@ mod tests {
             node: "node3",
             addr: 0x1000,
             bytes: &bytes,
+            moment: Moment::Landed,
         };
         judge(&mut found, 3, 2, &landing);
         assert_eq!(found.violation, None);
@@ -311,6 +404,7 @@ mod tests {
             node: "node3",
             addr: 0x1000,
             bytes: &bytes,
+            moment: Moment::Landed,
         };
         let mut found = Found::default();
         judge_tail(&mut found, 3, 128, &landing);
@@ -320,5 +414,31 @@ mod tests {
         for part in ["node 3", "below its adopted tail", "lsn 128", "lsn 192"] {
             assert!(line.contains(part), "{part:?} in {line}");
         }
+    }
+
+    #[test]
+    fn records_landing_below_the_fence_are_remembered_and_the_latest_epoch_kept() {
+        let mut bytes = record(epoch(2, 1), 128, 5, b"old");
+        bytes.extend(record(epoch(3, 2), 192, 6, b"new"));
+        let landing = Landing {
+            node: "node3",
+            addr: 0x1000,
+            bytes: &bytes,
+            moment: Moment::LandedLate,
+        };
+        let mut found = Found::default();
+        remember(&mut found, 3, epoch(3, 2), &landing);
+        assert_eq!(
+            found.below_fence,
+            [BelowFence {
+                node: 3,
+                index: 5,
+                lsn: 128,
+                epoch: epoch(2, 1),
+                fence: epoch(3, 2),
+            }],
+            "only the record below the fence"
+        );
+        assert_eq!(found.latest.get(&3), Some(&epoch(3, 2)));
     }
 }

@@ -29,6 +29,7 @@
 
 pub mod checks;
 pub mod landing;
+pub mod late_landing;
 pub mod membership;
 pub mod nemesis;
 pub mod power;

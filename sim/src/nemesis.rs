@@ -6,7 +6,9 @@
 //! delays, a leadership transfer, damage to a stopped follower's log, a
 //! follower removed and added back (`membership.rs`), a bridge (a node cut
 //! off from all but one), a deposed leader asking for a grant
-//! ([`crate::regrant`]), and in `fsync` runs a power loss of one machine or
+//! ([`crate::regrant`]), a deposed leader's batch named late
+//! ([`crate::stale_adoption`]), a deposed leader's WRITE landing late
+//! ([`crate::late_landing`]), and in `fsync` runs a power loss of one machine or
 //! of all ([`crate::power`]). A fault that cuts the
 //! leader off records the checker's isolated-leader window, closed only
 //! after the majority elected a leader of a later term.
@@ -114,10 +116,42 @@ pub enum Fault {
         /// The follower.
         bridge: u64,
     },
+    /// The leader's WRITE that `follower`'s NIC admitted lands only after
+    /// a new leader fenced `follower` and wrote the same place:
+    /// [`crate::late_landing`].
+    LateLanding {
+        /// The follower.
+        follower: u64,
+    },
 }
 
 pub(crate) fn addr(world: &World, id: u64) -> String {
     world.cluster.members[&id].config.listen.clone()
+}
+
+/// Node `id`'s fence term, if it runs.
+pub(crate) fn fence_term(world: &World, id: u64) -> Option<u64> {
+    world.nodes.get(id).map(|n| n.log_store().fence().term())
+}
+
+/// Appends `data` on node `id` (a client of its own, in the history),
+/// answered within `patience` or recorded as of unknown outcome.
+pub(crate) fn append_on(
+    world: &World,
+    id: u64,
+    node: ringraft::Node,
+    data: String,
+    patience: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let history = world.history.clone();
+    let op = history.invoke_append_via(history.fresh_process(), id, data.clone());
+    tokio::spawn(async move {
+        match tokio::time::timeout(patience, node.propose(data.into_bytes())).await {
+            Ok(Ok((index, _))) => history.ok(op, index),
+            Ok(Err(e)) => history.info(op, e.to_string()),
+            Err(_) => history.info(op, "no answer"),
+        }
+    })
 }
 
 pub(crate) fn ids(world: &World) -> Vec<u64> {
@@ -194,10 +228,13 @@ fn choose(world: &mut World, leader: Option<u64>) -> Fault {
             }
         }
         10 => match leader {
-            Some(l) if n >= 5 => Fault::StaleAdoption {
+            Some(l) if n >= 5 && world.rng.random_bool(0.5) => Fault::StaleAdoption {
                 bridge: other(world, l),
             },
-            _ => Fault::Delay { max_ms: 5 },
+            Some(l) => Fault::LateLanding {
+                follower: other(world, l),
+            },
+            None => Fault::Delay { max_ms: 5 },
         },
         _ => match leader {
             Some(l) => Fault::Regrant {
@@ -248,6 +285,7 @@ fn fault_name(fault: &Fault) -> &'static str {
         Fault::PowerLoss { .. } => "power-loss",
         Fault::PowerLossAll => "power-loss-all",
         Fault::StaleAdoption { .. } => "stale-adoption",
+        Fault::LateLanding { .. } => "late-landing",
     }
 }
 
@@ -357,6 +395,9 @@ async fn apply(
         }
         Fault::StaleAdoption { bridge } => {
             crate::stale_adoption::apply(world, leader, *bridge, hold).await?;
+        }
+        Fault::LateLanding { follower } => {
+            crate::late_landing::apply(world, leader, *follower, hold).await?;
         }
         Fault::PowerLoss { node } => power::apply(world, &[*node], hold).await?,
         Fault::PowerLossAll => power::apply(world, &ids(world), hold).await?,

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::nemesis::addr;
+use crate::nemesis::{addr, append_on, fence_term};
 use crate::world::World;
 
 /// How long the others may take to elect a leader and fence the follower
@@ -35,11 +35,6 @@ use crate::world::World;
 const PATIENCE: Duration = Duration::from_secs(15);
 /// Between looks at the follower's fence.
 const POLL: Duration = Duration::from_millis(1);
-
-/// Node `id`'s fence term, if it runs.
-fn fence_term(world: &World, id: u64) -> Option<u64> {
-    world.nodes.get(id).map(|n| n.log_store().fence().term())
-}
 
 /// Runs the fault with `leader` (id, term) and follower `bridge`, held for
 /// `hold` at least.
@@ -75,15 +70,7 @@ pub async fn apply(
     world.history.leader_isolated(old, term);
     // A batch in flight from the old leader to the follower.
     let data = format!("stale-adoption-{}-{}", world.seed, world.faults);
-    let history = world.history.clone();
-    let op = history.invoke_append_via(history.fresh_process(), old, data.clone());
-    let proposal = tokio::spawn(async move {
-        match tokio::time::timeout(PATIENCE, old_node.propose(data.into_bytes())).await {
-            Ok(Ok((index, _))) => history.ok(op, index),
-            Ok(Err(e)) => history.info(op, e.to_string()),
-            Err(_) => history.info(op, "no answer"),
-        }
-    });
+    let proposal = append_on(world, old, old_node, data, PATIENCE);
     // The others elect, and their leader fences the follower in.
     let fenced = loop {
         if fence_term(world, bridge).is_some_and(|t| t > term) {

@@ -9,9 +9,12 @@
 //! - `ack-before-flush` (an `fsync` append acknowledged before the
 //!   flusher's flush): a power loss of every machine while a flush is in
 //!   flight loses entries the clients were told are committed, and the
-//!   checker names them.
-//!
-//! `skip-epoch-check` is not found yet (README.md), so it has no test.
+//!   checker names them;
+//! - `skip-epoch-check` (adoption takes records of any epoch, not only the
+//!   fence's): the `LateLanding` fault lets a deposed leader's WRITE,
+//!   admitted before the follower's rkey rotation, land over the new
+//!   leader's identical records just before the message naming them, and
+//!   the adoption check sees the follower take the old epoch's record.
 
 #![cfg(feature = "planted-bugs")]
 
@@ -58,5 +61,14 @@ fn ack_before_flush_is_found_as_lost_acknowledged_appends() {
     assert!(
         line.contains("lost-append") && line.contains("acknowledged append"),
         "the failure names the lost acknowledged entries: {line}"
+    );
+}
+
+#[test]
+fn skip_epoch_check_is_found_by_the_adoption_check() {
+    let line = first_failure("skip-epoch-check");
+    assert!(
+        line.contains("FAILED: adoption check:") && line.contains("after its fence had moved"),
+        "the adoption check names the bug: {line}"
     );
 }

@@ -3,10 +3,16 @@
 
 use ringraft_sim::{Options, run_seed};
 
-/// An `fsync` seed whose first three faults include a power loss of every
-/// machine that loses bytes (picked by running seeds 0..30 with
-/// `--faults 3 --trace`; another mix of faults moves it).
-const SEED: u64 = 15;
+/// Where to look for an `fsync` seed whose first three faults include a
+/// power loss of every machine that loses bytes. The seed itself is found
+/// here, not fixed: any change to the code moves what a seed does (seed
+/// 15 did it until forwarded calls got links of their own).
+const SEEDS: std::ops::Range<u64> = 0..60;
+
+/// A power loss line that lost something.
+fn lost_bytes(line: &str) -> bool {
+    line.contains("lost power") && !line.contains(": 0 bytes of 0 files lost")
+}
 
 #[test]
 fn a_seed_with_power_losses_replays_exactly() {
@@ -15,32 +21,23 @@ fn a_seed_with_power_losses_replays_exactly() {
         faults: 3,
         ..Options::default()
     };
-    let first = run_seed(SEED, &options);
+    let (seed, first) = SEEDS
+        .map(|seed| (seed, run_seed(seed, &options)))
+        .find(|(_, run)| {
+            let losses = run
+                .trace
+                .iter()
+                .filter(|l| l.contains("lost power"))
+                .count();
+            losses >= 3 && run.trace.iter().any(|l| lost_bytes(l))
+        })
+        .unwrap_or_else(|| {
+            panic!("no seed in {SEEDS:?} has a power loss of every machine that lost bytes")
+        });
     assert!(first.failure.is_none(), "{}", first.line());
-    let losses: Vec<&String> = first
-        .trace
-        .iter()
-        .filter(|line| line.contains("lost power"))
-        .collect();
-    assert!(
-        losses.len() >= 3,
-        "seed {SEED} has no whole-cluster power loss:\n{}",
-        first.trace.join("\n")
-    );
-    assert!(
-        losses
-            .iter()
-            .any(|line| !line.contains(": 0 bytes of 0 files lost")),
-        "no power loss lost a byte:\n{}",
-        losses
-            .iter()
-            .map(|l| l.as_str())
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
-    let again = run_seed(SEED, &options);
+    let again = run_seed(seed, &options);
     assert_eq!(
         first.trace, again.trace,
-        "seed {SEED} ran twice differently"
+        "seed {seed} ran twice differently"
     );
 }

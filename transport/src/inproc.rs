@@ -40,7 +40,7 @@ use crate::error::{Result, TransportError};
 use crate::handshake::PeerInfo;
 use crate::limits::ConnSlot;
 use crate::soft::conn::SoftEndpoint;
-use crate::soft::conn::{Frame, Wire, WireOut, wire};
+use crate::soft::conn::{Frame, Wire, WireOut, WriteGate, wire};
 use crate::soft::{Flavor, SoftConnection, SoftDevice, SoftListener};
 use crate::types::{AtomicCapability, ConnConfig};
 use crate::work::Done;
@@ -52,10 +52,26 @@ mod freeze;
 pub struct Landing<'a> {
     /// The node whose memory was written (its fabric name).
     pub node: &'a str,
-    /// Where the bytes landed (an address inside one of its registrations).
+    /// Where the bytes land (an address inside one of its registrations).
     pub addr: u64,
-    /// The bytes, as they now are in its memory.
+    /// The bytes written.
     pub bytes: &'a [u8],
+    /// Which moment of the WRITE this is.
+    pub moment: Moment,
+}
+
+/// The moments of a WRITE an observer is shown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Moment {
+    /// Admitted (queue pair flags, rkey, bounds, access) and copied at
+    /// once: the bytes are in memory.
+    Landed,
+    /// Admitted, its copy held back ([`Fabric::park_writes`]): the bytes
+    /// are not in memory yet.
+    Admitted,
+    /// The copy of a WRITE admitted earlier: the bytes are in memory now,
+    /// whatever happened to its rkey in between.
+    LandedLate,
 }
 
 /// What [`Fabric::observe_landings`] installs.
@@ -74,12 +90,13 @@ impl LandingSink {
     /// copy, outside its registration table's lock: an observer may read
     /// the node's state, but runs inside the NIC's execution, so it must
     /// not wait for the fabric.
-    pub(crate) fn landed(&self, addr: u64, bytes: &[u8]) {
+    pub(crate) fn landed(&self, addr: u64, bytes: &[u8], moment: Moment) {
         if let Some(observer) = self.observer.get() {
             observer(&Landing {
                 node: &self.node,
                 addr,
                 bytes,
+                moment,
             });
         }
     }
@@ -103,6 +120,12 @@ struct NetState {
     held_sends: HashSet<(String, String)>,
     /// Directed cuts: frames from .0 to .1 are held.
     cuts: HashSet<(String, String)>,
+    /// Directions whose WRITEs are admitted at arrival and copied later.
+    parked_writes: HashSet<(String, String)>,
+    /// WRITEs admitted and waiting for their copy, by direction.
+    parked: HashMap<(String, String), usize>,
+    /// Directions whose parked WRITEs were dropped, not copied.
+    discarding: HashSet<(String, String)>,
     delay: (Duration, Duration),
     /// Nodes whose NIC answers READs with at most this many bytes.
     short_reads: HashMap<String, usize>,
@@ -271,11 +294,14 @@ impl Fabric {
         });
     }
 
-    /// Removes every cut and releases every held SEND.
+    /// Removes every cut, releases every held SEND and drops the WRITEs
+    /// still parked ([`Fabric::discard_parked`]).
     pub fn heal(&self) {
         self.update(|s| {
             s.cuts.clear();
             s.held_sends.clear();
+            let parked = std::mem::take(&mut s.parked_writes);
+            s.discarding.extend(parked);
         });
     }
 
@@ -327,6 +353,76 @@ impl Fabric {
         self.update(|s| {
             s.held_sends.remove(&(from.to_string(), to.to_string()));
         });
+    }
+
+    /// From now on, a WRITE from `from` arriving at `to` is admitted (its
+    /// rkey checked) when it arrives, and copied into `to`'s memory only at
+    /// [`Fabric::land_parked`]; the queue pair's later requests wait
+    /// behind it (RC order), other queue pairs go on. A NIC whose DMA of an
+    /// accepted WRITE is still under way when the rkey is rotated: DESIGN.md's
+    /// "old in-flight WRITEs ... land as records the follower rejects".
+    pub fn park_writes(&self, from: &str, to: &str) {
+        let key = (from.to_string(), to.to_string());
+        self.update(|s| {
+            s.discarding.remove(&key);
+            s.parked_writes.insert(key);
+        });
+    }
+
+    /// Copies the WRITEs parked from `from` to `to` (each in the step that
+    /// releases it) and parks no more.
+    pub fn land_parked(&self, from: &str, to: &str) {
+        self.update(|s| {
+            s.parked_writes.remove(&(from.to_string(), to.to_string()));
+        });
+    }
+
+    /// Fails the WRITEs parked from `from` to `to` at the NIC (remote
+    /// access error), copying nothing, and parks no more: a DMA that never
+    /// completed.
+    pub fn discard_parked(&self, from: &str, to: &str) {
+        let key = (from.to_string(), to.to_string());
+        self.update(|s| {
+            s.parked_writes.remove(&key);
+            s.discarding.insert(key);
+        });
+    }
+
+    /// How many WRITEs from `from` to `to` are admitted and not copied.
+    pub fn parked(&self, from: &str, to: &str) -> usize {
+        let key = (from.to_string(), to.to_string());
+        let state = self.inner.state.lock().expect("fabric state");
+        state.parked.get(&key).copied().unwrap_or(0)
+    }
+
+    /// The gate of the queue pair on `to` that receives from `from`.
+    fn write_gate(&self, from: &str, to: &str) -> WriteGate {
+        // Weak: the fabric holds the links, whose channels keep the queue
+        // pairs' tasks (and so their gates) alive.
+        let inner = Arc::downgrade(&self.inner);
+        let key = (from.to_string(), to.to_string());
+        Arc::new(move || {
+            let fabric = Fabric {
+                inner: inner.upgrade()?,
+            };
+            let mut state = fabric.inner.state.lock().expect("fabric state");
+            if !state.parked_writes.contains(&key) {
+                return None;
+            }
+            *state.parked.entry(key.clone()).or_default() += 1;
+            drop(state);
+            let key = key.clone();
+            Some(Box::pin(async move {
+                fabric.wait_until(|s| !s.parked_writes.contains(&key)).await;
+                // The copy follows in the same poll of the responder: no
+                // one sees the count drop before the bytes are there.
+                let mut state = fabric.inner.state.lock().expect("fabric state");
+                if let Some(n) = state.parked.get_mut(&key) {
+                    *n -= 1;
+                }
+                !state.discarding.contains(&key)
+            }))
+        })
     }
 
     /// Delays every frame by a seeded random duration in `min..=max`.
@@ -549,8 +645,10 @@ impl Fabric {
     /// `server_node` (client's, server's), with the fabric's pumps between
     /// them.
     fn link(&self, client_node: &str, server_node: &str) -> (Wire, Wire) {
-        let (client_wire, client_out, client_in) = wire();
-        let (server_wire, server_out, server_in) = wire();
+        let (mut client_wire, client_out, client_in) = wire();
+        let (mut server_wire, server_out, server_in) = wire();
+        client_wire.gate = Some(self.write_gate(server_node, client_node));
+        server_wire.gate = Some(self.write_gate(client_node, server_node));
         let c2s = self.pump(client_node, server_node, client_out, server_in.clone());
         let s2c = self.pump(server_node, client_node, server_out, client_in.clone());
         self.inner

@@ -301,3 +301,82 @@ async fn the_landing_observer_sees_every_write_that_lands_and_no_other() {
     assert_eq!(seen[0].2, b"lands");
     assert_eq!(buf.read(0, 5).unwrap(), b"lands");
 }
+
+/// Waits (simulated time) until `fabric` holds `n` parked WRITEs from a to b.
+async fn until_parked(fabric: &Fabric, n: usize) {
+    for _ in 0..1000 {
+        if fabric.parked("a", "b") == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("{} WRITEs parked, not {n}", fabric.parked("a", "b"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_parked_write_admitted_before_a_rotation_lands_after_it() {
+    use ringraft_transport::inproc::Moment;
+    use std::sync::{Arc, Mutex};
+    let fabric = Fabric::new(4);
+    let (_a, _b, ab, _ba, buf) = pair(&fabric).await;
+    let moments: Arc<Mutex<Vec<Moment>>> = Arc::default();
+    let record = moments.clone();
+    fabric
+        .observe_landings(move |landing| record.lock().unwrap().push(landing.moment))
+        .unwrap();
+    fabric.park_writes("a", "b");
+    let region = buf.remote();
+    let write = ab.post_write(region.start(), b"late!").unwrap();
+    let read = ab.post_read(region.start(), 5).unwrap();
+    until_parked(&fabric, 1).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(buf.read(0, 5).unwrap(), [0; 5], "admitted, not copied");
+    assert_eq!(*moments.lock().unwrap(), [Moment::Admitted]);
+    // The rkey is rotated while the copy is under way: the copy goes on.
+    let mut buf = buf;
+    buf.region_mut().rotate().unwrap();
+    fabric.land_parked("a", "b");
+    write.await.unwrap();
+    assert_eq!(buf.read(0, 5).unwrap(), b"late!");
+    // The READ behind it waited for it (RC order), and its rkey was
+    // checked only then: after the rotation.
+    assert_eq!(read.await.unwrap_err().wc(), Some(WcError::RemoteAccess));
+    assert_eq!(
+        *moments.lock().unwrap(),
+        [Moment::Admitted, Moment::LandedLate]
+    );
+    assert_eq!(fabric.parked("a", "b"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_parked_write_into_memory_deregistered_meanwhile_is_not_copied() {
+    let fabric = Fabric::new(4);
+    let (_a, b, ab, _ba, buf) = pair(&fabric).await;
+    fabric.park_writes("a", "b");
+    let write = ab.post_write(buf.remote().start(), b"gone").unwrap();
+    until_parked(&fabric, 1).await;
+    drop(buf);
+    fabric.land_parked("a", "b");
+    let err = write.await.unwrap_err();
+    assert_eq!(err.wc(), Some(WcError::RemoteAccess), "{err}");
+    // A remote access error puts the queue pair in the error state.
+    let other = b.register_buffer(64, RW).unwrap();
+    match ab.post_write(other.remote().start(), b"next") {
+        Ok(pending) => assert!(pending.await.is_err()),
+        Err(e) => assert!(matches!(e, TransportError::Broken { .. }), "{e}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_discarded_parked_write_fails_at_the_nic_and_copies_nothing() {
+    let fabric = Fabric::new(4);
+    let (_a, _b, ab, _ba, buf) = pair(&fabric).await;
+    fabric.park_writes("a", "b");
+    let write = ab.post_write(buf.remote().start(), b"never").unwrap();
+    until_parked(&fabric, 1).await;
+    fabric.discard_parked("a", "b");
+    let err = write.await.unwrap_err();
+    assert_eq!(err.wc(), Some(WcError::RemoteAccess), "{err}");
+    assert_eq!(buf.read(0, 5).unwrap(), [0; 5]);
+    assert_eq!(fabric.parked("a", "b"), 0);
+}

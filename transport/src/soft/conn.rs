@@ -98,7 +98,16 @@ pub(crate) struct Wire {
     pub requests: mpsc::UnboundedSender<Frame>,
     pub responses: mpsc::Sender<Frame>,
     pub incoming: mpsc::UnboundedReceiver<Frame>,
+    /// Asked at each WRITE that arrives (the inproc fabric's late
+    /// landings; `None` elsewhere).
+    pub gate: Option<WriteGate>,
 }
+
+/// Asked at each WRITE that arrives: `None` to execute it now; or a future
+/// after which the WRITE, admitted now (its rkey checked), is copied
+/// (`true`) or fails at the NIC (`false`).
+pub(crate) type WriteGate =
+    Arc<dyn Fn() -> Option<std::pin::Pin<Box<dyn Future<Output = bool> + Send>>> + Send + Sync>;
 
 /// The channels a backend drains to the peer.
 pub(crate) struct WireOut {
@@ -117,6 +126,7 @@ pub(crate) fn wire() -> (Wire, WireOut, mpsc::UnboundedSender<Frame>) {
             requests: req_tx,
             responses: resp_tx,
             incoming: in_rx,
+            gate: None,
         },
         WireOut {
             requests: req_rx,
@@ -144,6 +154,7 @@ struct RecvState {
 
 struct Shared {
     nic: Arc<SoftNic>,
+    gate: Option<WriteGate>,
     peer: String,
     config: ConnConfig,
     peer_endpoint: SoftEndpoint,
@@ -179,9 +190,11 @@ impl SoftConn {
             requests,
             responses,
             incoming,
+            gate,
         } = wire;
         let shared = Arc::new(Shared {
             nic,
+            gate,
             peer,
             peer_endpoint,
             requests,
@@ -479,16 +492,29 @@ async fn respond(
                     (Err(WcError::RnrRetryExceeded), None)
                 }
             }
-            Request::Write { imm: Some(imm), .. } => match shared.nic.execute(&req, access) {
-                Ok(done) => {
-                    if shared.take_receive().await {
-                        (Ok(done), Some(Received::WriteImmediate(*imm)))
-                    } else {
-                        (Err(WcError::RnrRetryExceeded), None)
+            Request::Write { imm, data, .. } => {
+                let landed = match shared.gate.as_ref().and_then(|gate| gate()) {
+                    None => shared.nic.execute(&req, access),
+                    // Admitted now, copied once the gate opens: nothing
+                    // else of this queue pair runs in between (RC order).
+                    Some(released) => match shared.nic.admit(&req, access) {
+                        Ok(admitted) if released.await => shared.nic.land(admitted, data),
+                        // Dropped before its copy: it fails at the NIC.
+                        Ok(_) => Err(WcError::RemoteAccess),
+                        Err(e) => Err(e),
+                    },
+                };
+                match (landed, imm) {
+                    (Ok(done), Some(imm)) => {
+                        if shared.take_receive().await {
+                            (Ok(done), Some(Received::WriteImmediate(*imm)))
+                        } else {
+                            (Err(WcError::RnrRetryExceeded), None)
+                        }
                     }
+                    (result, _) => (result, None),
                 }
-                Err(e) => (Err(e), None),
-            },
+            }
             _ => (shared.nic.execute(&req, access), None),
         };
         if responses.send(Frame::Resp { seq, result }).await.is_err() {

@@ -18,7 +18,7 @@ use std::sync::{Arc, RwLock};
 
 use crate::entropy::Entropy;
 use crate::error::{Result, TransportError, WcError};
-use crate::inproc::LandingSink;
+use crate::inproc::{LandingSink, Moment};
 use crate::limits;
 use crate::types::{Access, DeviceLimits};
 use crate::work::{Done, Request};
@@ -34,6 +34,12 @@ struct Registration {
 struct Table {
     by_rkey: HashMap<u32, Registration>,
     registered_bytes: u64,
+}
+
+/// A WRITE admitted by [`SoftNic::admit`], not copied yet.
+#[derive(Debug)]
+pub(crate) struct Admitted {
+    addr: u64,
 }
 
 /// The registration table and executor of one software device.
@@ -132,13 +138,72 @@ impl SoftNic {
             }
             // After the copy and outside the table's lock: the observer may
             // look at the node (which may be rotating an rkey) freely.
-            (Ok(_), Request::Write { addr, data, .. }, Some(sink)) => sink.landed(*addr, data),
+            (Ok(_), Request::Write { addr, data, .. }, Some(sink)) => {
+                sink.landed(*addr, data, Moment::Landed)
+            }
             (Ok(_), _, _) => {}
         }
         result
     }
 
-    fn execute_checked(&self, request: &Request, qp_access: Access) -> Result<Done, WcError> {
+    /// Admits a WRITE (every check [`SoftNic::execute`] makes) without
+    /// copying it: [`SoftNic::land`] copies it later. What a NIC does with
+    /// a WRITE it accepted while its DMA into host memory is still under
+    /// way: an rkey rotated in between does not stop it.
+    pub(crate) fn admit(&self, request: &Request, qp_access: Access) -> Result<Admitted, WcError> {
+        let Request::Write { addr, data, .. } = request else {
+            unreachable!("only a WRITE is admitted for a later copy");
+        };
+        let table = self.table.read().expect("registration table lock");
+        let admitted = self.target(&table, request, qp_access);
+        drop(table);
+        match admitted {
+            Ok(_) => {
+                if let Some(sink) = &self.landings {
+                    sink.landed(*addr, data, Moment::Admitted);
+                }
+            }
+            Err(_) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        admitted.map(|_| Admitted { addr: *addr })
+    }
+
+    /// Copies an admitted WRITE's `data`, if its memory is still registered
+    /// (under any rkey: a rotation keeps the registration, a
+    /// deregistration ends it, and then nothing is copied).
+    pub(crate) fn land(&self, admitted: Admitted, data: &[u8]) -> Result<Done, WcError> {
+        let addr = admitted.addr;
+        let end = addr + data.len() as u64;
+        let table = self.table.read().expect("registration table lock");
+        let live = table.by_rkey.values().any(|r| {
+            r.access.contains(Access::REMOTE_WRITE) && addr >= r.addr && end <= r.addr + r.len
+        });
+        if !live {
+            return Err(WcError::RemoteAccess);
+        }
+        // SAFETY: [addr, end) lies inside a live registration (checked just
+        // now, under the read lock that deregister waits for), whose owner
+        // promised the memory stays valid and may be written by the device.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), addr as usize as *mut u8, data.len())
+        };
+        drop(table);
+        if let Some(sink) = &self.landings {
+            sink.landed(addr, data, Moment::LandedLate);
+        }
+        Ok(Done::Ok)
+    }
+
+    /// The checks of a one-sided request, in rxe's order, against `table`:
+    /// the target address and length.
+    fn target(
+        &self,
+        table: &Table,
+        request: &Request,
+        qp_access: Access,
+    ) -> Result<(u64, u64), WcError> {
         let (addr, rkey, len, need) = match request {
             Request::Write {
                 addr, rkey, data, ..
@@ -155,7 +220,6 @@ impl SoftNic {
         if need == Access::REMOTE_ATOMIC && !limits::atomic_aligned(addr) {
             return Err(WcError::RemoteInvalidRequest);
         }
-        let table = self.table.read().expect("registration table lock");
         let region = table.by_rkey.get(&rkey).ok_or(WcError::RemoteAccess)?;
         let end = addr.checked_add(len).ok_or(WcError::RemoteAccess)?;
         if addr < region.addr || end > region.addr + region.len {
@@ -164,6 +228,12 @@ impl SoftNic {
         if !region.access.contains(need) {
             return Err(WcError::RemoteAccess);
         }
+        Ok((addr, len))
+    }
+
+    fn execute_checked(&self, request: &Request, qp_access: Access) -> Result<Done, WcError> {
+        let table = self.table.read().expect("registration table lock");
+        let (addr, _) = self.target(&table, request, qp_access)?;
         let ptr = addr as usize as *mut u8;
         // SAFETY (all arms): [addr, addr + len) lies inside a live
         // registration (checked above, under the read lock that deregister

@@ -61,7 +61,9 @@ impl Link {
         };
         let continues = match self.view {
             Some(view) if view.epoch == epoch => {
-                !view.awaiting_tail && view.tail.last_log_id() == request.prev_log_id
+                !view.awaiting_tail
+                    && (view.tail.last_log_id() == request.prev_log_id
+                        || held_prefix(request, view.tail.last_log_id()).is_some())
             }
             _ => {
                 // The fence of this term is taken first, once nothing else
@@ -82,9 +84,17 @@ impl Link {
             return false;
         }
         let queued = self.queue.pop_front().expect("a front");
-        let Work::Append(request) = queued.work else {
+        let Work::Append(mut request) = queued.work else {
             unreachable!("matched an append")
         };
+        if continues {
+            let tail = self.view.expect("a view").tail.last_log_id();
+            if tail != request.prev_log_id {
+                let held = held_prefix(&request, tail).expect("checked above");
+                request.entries.drain(..held);
+                request.prev_log_id = tail;
+            }
+        }
         let result = if continues {
             self.stage_written(now, queued.ticket, queued.ttl, request)
         } else {
@@ -439,4 +449,16 @@ impl Link {
             }
         }
     }
+}
+
+/// How many of `request`'s first entries the follower holds already, where
+/// the batch starts behind the follower's adopted tail `tail` (a new
+/// leader's probe) but holds the tail's own entry: by log matching the
+/// follower's log equals the leader's up to it, so the batch may go on
+/// from the tail, one-sided. `None` where it does not hold that entry, or
+/// where nothing would be left to send.
+pub(super) fn held_prefix(request: &AppendRequest, tail: Option<LogId>) -> Option<usize> {
+    let tail = tail?;
+    let at = request.entries.iter().position(|e| e.log_id == tail)?;
+    (at + 1 < request.entries.len()).then_some(at + 1)
 }

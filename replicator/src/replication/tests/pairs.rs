@@ -393,6 +393,35 @@ fn a_conflicting_suffix_travels_two_sided_and_the_next_batch_one_sided_again() {
 }
 
 #[test]
+fn a_new_leaders_probe_behind_the_tail_goes_on_one_sided_from_the_tail() {
+    let mut pair = diverged_pair(super::CAPACITY);
+    // openraft's probe starts behind the follower's tail (1, 4) and holds
+    // it: the entries up to it are the follower's (log matching), so only
+    // those after it travel, WRITten at the tail.
+    let mut batch = entries(1, 2, 3, 10);
+    batch.extend(entries(TERM, 5, 2, 100));
+    let probe = pair.append(append(TERM, Some(log_id(1, 1)), batch));
+    pair.deliver_all(); // READ, CAS, grant
+    assert!(pair.reply_one()); // the grant: the follower's last is (1, 4)
+    assert_eq!(wire_kinds(&pair), ["write", "written"]);
+    pair.settle();
+    assert!(is_success(&pair, probe));
+    assert_eq!(
+        pair.follower.log(),
+        [(0, 1), (1, 1), (2, 1), (3, 1), (4, 1), (5, TERM), (6, TERM)]
+    );
+    // A probe holding no entry after the tail still travels two-sided.
+    let mut pair = diverged_pair(super::CAPACITY);
+    let probe = pair.append(append(TERM, Some(log_id(1, 1)), entries(1, 2, 3, 10)));
+    pair.deliver_all();
+    assert!(pair.reply_one());
+    assert_eq!(wire_kinds(&pair), ["inline"]);
+    pair.settle();
+    assert!(is_success(&pair, probe));
+    assert_eq!(pair.follower.log().len(), 5);
+}
+
+#[test]
 fn a_conflict_answer_makes_the_next_batch_fence_again_from_the_real_tail() {
     let mut pair = diverged_pair(super::CAPACITY);
     // The leader believes the follower holds (TERM, 4): it does not.
