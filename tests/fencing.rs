@@ -155,6 +155,21 @@ impl Link {
         epoch: Epoch,
         entries: &[Entry],
     ) -> Tail {
+        let (message, next) = self.write_records(data, tail, vote, epoch, entries).await;
+        self.post(&message);
+        next
+    }
+
+    /// WRITEs `entries` as records at `tail`; the AppendEntries that names
+    /// them (not sent) and the tail after them.
+    async fn write_records(
+        &self,
+        data: RemoteRegion,
+        tail: Tail,
+        vote: Vote,
+        epoch: Epoch,
+        entries: &[Entry],
+    ) -> (Request, Tail) {
         let (buffer, next) = encode_records(self.hello.capacity, tail, epoch, entries);
         for segment in buffer.segments() {
             let at = data
@@ -166,7 +181,7 @@ impl Link {
                 .expect("WRITE lands");
         }
         let last = entries.last().unwrap().log_id;
-        self.post(&Request::Append {
+        let message = Request::Append {
             vote,
             prev_log_id: tail.last_log_id(),
             leader_commit: None,
@@ -177,8 +192,8 @@ impl Link {
                 count: entries.len() as u64,
                 last,
             },
-        });
-        next
+        };
+        (message, next)
     }
 }
 
@@ -545,5 +560,54 @@ async fn a_fence_change_between_prepare_and_commit_is_not_fatal() {
         "Raft still runs on node 2: {:?}",
         metrics.running_state
     );
+    node.shutdown().await;
+}
+
+/// Found by the simulator (a freeze, 2026-12-05): a leader's batch landed
+/// on one connection, the leader dropped it and was granted again on a new
+/// one, then the old connection's message arrived and its batch was
+/// adopted: the tail the new grant named was no longer the last word, and
+/// the leader's next WRITE landed over adopted records. Now only the
+/// connection holding the last grant extends the log.
+#[tokio::test(flavor = "current_thread")]
+async fn a_batch_on_a_connection_whose_grant_was_superseded_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let fabric = inproc::Fabric::new(5);
+    let node = start_node(&fabric, dir.path(), Hooks::new()).await;
+    let leader = Scripted::new(&fabric, 1);
+    let a = leader.connect().await;
+    let (data, tail) = a.fence_and_grant(leader.epoch(1)).await;
+    let (late, _) = a
+        .write_records(
+            data,
+            tail,
+            leader.vote(1),
+            leader.epoch(1),
+            &entries(1, 0..=2, "a"),
+        )
+        .await;
+
+    // Granted again on connection B: the tail is where A's records start.
+    let b = leader.connect().await;
+    let (data, tail_b) = granted(b.grant(leader.epoch(1)).await);
+    assert_eq!(tail_b, tail);
+    // A's message comes now: refused, the tail stays where B was told.
+    let refused = a.call(&late).await;
+    assert!(
+        matches!(refused, Reply::Rejected { .. }),
+        "a batch on a superseded connection: {refused:?}"
+    );
+    assert_eq!(node.log_store().tail(), tail_b);
+
+    b.append_written(
+        data,
+        tail_b,
+        leader.vote(1),
+        leader.epoch(1),
+        &entries(1, 0..=2, "b"),
+    )
+    .await;
+    appended(b.reply().await);
+    assert_eq!(log_of(node.log_store(), 0..=2), expected("b", 0..=2));
     node.shutdown().await;
 }

@@ -174,6 +174,9 @@ struct Adoptions {
     /// Grants waiting for the requests in flight: new requests wait behind
     /// them.
     granting: usize,
+    /// The connection the last grant went to: the only one whose batches
+    /// may extend the log (the tail it was told is the last word).
+    granted: Option<u64>,
 }
 
 /// A prepared adoption of one connection.
@@ -635,18 +638,30 @@ impl LogStore {
         self.adoptions().granting += 1;
         let _granting = Granting { store: self };
         loop {
-            {
-                let adoptions = self.adoptions();
-                if adoptions.in_flight == 0 {
-                    // Requests wait while `granting > 0`: none starts while
-                    // the lock is held or the grant runs.
-                    return grant();
-                }
+            if self.adoptions().in_flight == 0 {
+                // Requests wait while `granting > 0`: none starts between
+                // this check and the grant's end (which may take the lock).
+                return grant();
             }
             if changed.changed().await.is_err() {
                 unreachable!("the store holds the sender");
             }
         }
+    }
+
+    /// Connection `conn` was granted write access (call it inside
+    /// [`LogStore::exclusively`], with the grant): from now on only its
+    /// batches may extend the log.
+    pub fn granted_to(&self, conn: u64) {
+        self.adoptions().granted = Some(conn);
+    }
+
+    /// Whether connection `conn` holds the last grant. A batch on another
+    /// connection, even of the same leader (one it dropped and replaced),
+    /// would move the tail behind the back of the grantee, whose next WRITE
+    /// would then land over adopted records.
+    pub fn holds_grant(&self, conn: u64) -> bool {
+        self.adoptions().granted == Some(conn)
     }
 
     /// Checks records a leader wrote into this ring, without taking them into

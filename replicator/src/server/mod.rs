@@ -157,7 +157,12 @@ async fn handle(acceptor: &mut Acceptor, request: Request, conn_id: u64, ctx: &S
     let peer = acceptor.peer();
     match acceptor.on_request(request, &node_view(&ctx.store)) {
         Step::Reply(reply) => reply,
-        Step::Grant { epoch } => grant(ctx, epoch).await,
+        Step::Grant { epoch } => grant(ctx, conn_id, epoch).await,
+        Step::Append { ref entries, .. }
+            if !entries.is_empty() && !ctx.store.holds_grant(conn_id) =>
+        {
+            superseded(ctx, peer, conn_id)
+        }
         Step::Adopt { meta, request } => match adopt(ctx, peer, conn_id, request).await {
             Ok(entries) => append(ctx, conn_id, meta, entries, false).await,
             Err(reply) => reply,
@@ -191,19 +196,37 @@ async fn handle(acceptor: &mut Acceptor, request: Request, conn_id: u64, ctx: &S
 }
 
 /// Grants write access to the holder of `epoch` (see
-/// [`FencedRing::grant`]).
-async fn grant(ctx: &ServerCtx, epoch: ringraft_wal::Epoch) -> Reply {
+/// [`FencedRing::grant`]) on connection `conn_id`.
+async fn grant(ctx: &ServerCtx, conn_id: u64, epoch: ringraft_wal::Epoch) -> Reply {
     // With no leader request in flight: the tail told to the grantee
-    // stays exact until it writes.
+    // stays exact until it writes, and no other connection's batch moves
+    // it after.
     ctx.store
         .exclusively(|| match ctx.ring.grant(&ctx.store, epoch) {
-            Ok(data) => Reply::Granted {
-                data,
-                tail: ctx.store.tail(),
-            },
+            Ok(data) => {
+                ctx.store.granted_to(conn_id);
+                Reply::Granted {
+                    data,
+                    tail: ctx.store.tail(),
+                }
+            }
             Err(fence) => Reply::NotFenced { fence },
         })
         .await
+}
+
+/// Refuses a batch on a connection that does not hold the last grant. Its
+/// records are not erased: they may lie where the grantee writes.
+fn superseded(ctx: &ServerCtx, peer: u64, conn_id: u64) -> Reply {
+    tracing::info!(
+        peer,
+        conn = conn_id,
+        "batch refused: another connection holds the last grant"
+    );
+    Reply::Rejected {
+        reason: format!("connection {conn_id} does not hold the last grant"),
+        tail: ctx.store.tail(),
+    }
 }
 
 /// The records written one-sided into the ring, checked in place
@@ -215,6 +238,9 @@ pub(super) async fn adopt(
     conn_id: u64,
     request: AdoptRequest,
 ) -> Result<Vec<Entry>, Reply> {
+    if !ctx.store.holds_grant(conn_id) {
+        return Err(superseded(ctx, peer, conn_id));
+    }
     let to_lsn = request.to_lsn;
     match ctx.store.prepare_adoption(conn_id, request) {
         Ok(entries) => {
