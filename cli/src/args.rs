@@ -230,6 +230,14 @@ pub(crate) struct BenchArgs {
     /// Records per append.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
+    /// append (each client appends, waits, appends again), read (each
+    /// client reads one record it appended first, again and again) or mixed
+    /// (each client appends a record, then reads it back).
+    #[arg(long, default_value = "append")]
+    pub workload: String,
+    /// The reads' consistency: linearizable, lease or stale.
+    #[arg(long, default_value = "linearizable")]
+    pub consistency: String,
     /// How long one append may retry (leader changes, timeouts) before
     /// it counts as an error, in milliseconds.
     #[arg(long, default_value_t = 10_000)]

@@ -1,9 +1,13 @@
-//! `ringraft bench`: closed-loop append load against a running cluster.
+//! `ringraft bench`: closed-loop append and read load against a running
+//! cluster.
 //!
 //! `clients` concurrent client sessions each append `batch` records of
 //! `size` bytes, wait for the answer (the records' indexes, sent once they
 //! are committed and applied), and append again, for `duration`. Only
-//! acknowledged records count. A live progress line goes to stderr about
+//! acknowledged records count. With `--workload read` each client appends
+//! one record first (acknowledged, its latency not measured), then reads it back at `--consistency`
+//! again and again; with `--workload mixed` it appends a record, then reads
+//! it back, in turn. Appends and reads have latency histograms of their own. A live progress line goes to stderr about
 //! once a second; the summary (throughput, commit latency percentiles,
 //! errors, retries) goes to stdout, as text or JSON.
 //!
@@ -17,6 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use ringraft_client::proto::Consistency;
 use ringraft_client::{Client, ClientError};
 
 use super::fail;
@@ -36,9 +41,46 @@ pub const MAX_APPEND_BYTES: usize = 48 << 20;
 /// Highest latency the histogram holds, microseconds.
 const MAX_LATENCY_US: u64 = 120_000_000;
 
+/// What each client does in a loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// Append, wait for the indexes, append again.
+    Append,
+    /// Read back one record (appended once, first) again and again.
+    Read,
+    /// Append a record, then read it back.
+    Mixed,
+}
+
+impl Workload {
+    /// Parses `--workload`.
+    pub fn parse(s: &str) -> Result<Workload, String> {
+        match s {
+            "append" => Ok(Workload::Append),
+            "read" => Ok(Workload::Read),
+            "mixed" => Ok(Workload::Mixed),
+            other => Err(format!(
+                "--workload {other}: expected append, read or mixed"
+            )),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Append => "append",
+            Workload::Read => "read",
+            Workload::Mixed => "mixed",
+        }
+    }
+}
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct BenchConfig {
+    /// What each client does.
+    pub workload: Workload,
+    /// The reads' consistency.
+    pub consistency: Consistency,
     /// Client API addresses.
     pub endpoints: Vec<String>,
     /// Time allowed per endpoint per attempt.
@@ -106,6 +148,13 @@ pub struct BenchReport {
     pub retries: u64,
     /// Commit latency of one append, microseconds.
     pub latency_us: Histogram<u64>,
+    /// Reads answered with the record asked for.
+    pub reads: u64,
+    /// Latency of one read, microseconds.
+    pub read_latency_us: Histogram<u64>,
+    /// Stale reads answered before the node applied the record (not
+    /// errors: a stale read promises no more).
+    pub stale_misses: u64,
     /// Lowest and highest index acknowledged.
     pub index_range: Option<(u64, u64)>,
     /// The first error, if any.
@@ -123,16 +172,32 @@ impl BenchReport {
         self.records_per_sec() * self.config.size as f64 / 1e6
     }
 
+    /// Reads answered per second.
+    pub fn reads_per_sec(&self) -> f64 {
+        self.reads as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
     fn percentile_ms(&self, q: f64) -> f64 {
-        if self.latency_us.is_empty() {
-            return 0.0;
-        }
-        self.latency_us.value_at_quantile(q) as f64 / 1000.0
+        percentile_ms(&self.latency_us, q)
     }
 
     /// The summary as JSON.
     pub fn to_json(&self) -> serde_json::Value {
+        let h = &self.read_latency_us;
         serde_json::json!({
+            "workload": self.config.workload.name(),
+            "consistency": self.config.consistency.as_str_name().to_lowercase(),
+            "reads": self.reads,
+            "stale_misses": self.stale_misses,
+            "reads_per_s": self.reads_per_sec(),
+            "read_latency_ms": {
+                "p50": percentile_ms(h, 0.5),
+                "p99": percentile_ms(h, 0.99),
+                "p999": percentile_ms(h, 0.999),
+                "max": h.max() as f64 / 1000.0,
+                "mean": h.mean() / 1000.0,
+                "samples": h.len(),
+            },
             "clients": self.config.clients,
             "size_bytes": self.config.size,
             "batch": self.config.batch,
@@ -193,12 +258,36 @@ impl BenchReport {
             self.latency_us.max() as f64 / 1000.0,
             self.latency_us.len()
         );
+        if self.config.workload != Workload::Append {
+            let h = &self.read_latency_us;
+            s += &format!(
+                "reads           {} ({:.1}/s, {}; {} stale misses)\n",
+                self.reads,
+                self.reads_per_sec(),
+                self.config.consistency.as_str_name().to_lowercase(),
+                self.stale_misses
+            );
+            s += &format!(
+                "read latency    p50 {:.3} ms, p99 {:.3} ms, p999 {:.3} ms, max {:.3} ms\n",
+                percentile_ms(h, 0.5),
+                percentile_ms(h, 0.99),
+                percentile_ms(h, 0.999),
+                h.max() as f64 / 1000.0,
+            );
+        }
         s += &format!("errors          {}, retries {}", self.errors, self.retries);
         if let Some(e) = &self.first_error {
             s += &format!("\nfirst error     {e}");
         }
         s
     }
+}
+
+fn percentile_ms(h: &Histogram<u64>, q: f64) -> f64 {
+    if h.is_empty() {
+        return 0.0;
+    }
+    h.value_at_quantile(q) as f64 / 1000.0
 }
 
 /// The bytes of record `seq` of client `client` in run `run`.
@@ -210,11 +299,15 @@ pub fn record(run: u32, client: usize, seq: u64, size: usize) -> Vec<u8> {
 
 struct Shared {
     acknowledged: AtomicU64,
+    reads: AtomicU64,
     stop: AtomicBool,
 }
 
 struct WorkerResult {
     latency_us: Histogram<u64>,
+    read_latency_us: Histogram<u64>,
+    reads: u64,
+    stale_misses: u64,
     acknowledged: u64,
     errors: u64,
     retries: u64,
@@ -233,6 +326,9 @@ impl WorkerResult {
     fn empty() -> WorkerResult {
         WorkerResult {
             latency_us: new_histogram(),
+            read_latency_us: new_histogram(),
+            reads: 0,
+            stale_misses: 0,
             acknowledged: 0,
             errors: 0,
             retries: 0,
@@ -261,59 +357,152 @@ async fn worker(
         .with_deadline(config.append_deadline);
     let mut result = WorkerResult::empty();
     let mut seq = 0u64;
+    // The record a read-only client reads back (appended once, unmeasured).
+    let mut mine: Option<u64> = None;
     while !shared.stop.load(Ordering::Relaxed) {
-        let records: Vec<Vec<u8>> = (0..config.batch)
-            .map(|k| record(run, client_no, seq + k as u64, config.size))
-            .collect();
-        seq += config.batch as u64;
-        let started = Instant::now();
-        match client.append(records).await {
-            Ok(indexes) if indexes.len() != config.batch => {
-                // The server's answer is input like any other.
-                result.errors += 1;
-                result.first_error.get_or_insert_with(|| {
-                    format!(
-                        "an append of {} records was answered with {} indexes",
-                        config.batch,
-                        indexes.len()
-                    )
-                });
-            }
-            Ok(indexes) => {
-                let us = started
-                    .elapsed()
-                    .as_micros()
-                    .clamp(1, MAX_LATENCY_US as u128) as u64;
-                result.latency_us.saturating_record(us);
-                result.acknowledged += indexes.len() as u64;
-                shared
-                    .acknowledged
-                    .fetch_add(indexes.len() as u64, Ordering::Relaxed);
-                let answered = indexes.iter().min().zip(indexes.iter().max());
-                result.index_range = widen(result.index_range, answered.map(|(lo, hi)| (*lo, *hi)));
-            }
-            Err(e) => {
-                result.errors += 1;
-                let refused = matches!(
-                    e,
-                    ClientError::Refused(_)
-                        | ClientError::Endpoint(..)
-                        | ClientError::TooLarge { .. }
-                );
-                if result.first_error.is_none() {
-                    result.first_error = Some(e.to_string());
+        let index = match (config.workload, mine) {
+            (Workload::Read, Some(index)) => index,
+            _ => {
+                let records: Vec<Vec<u8>> = (0..config.batch)
+                    .map(|k| record(run, client_no, seq + k as u64, config.size))
+                    .collect();
+                seq += config.batch as u64;
+                let measured = config.workload != Workload::Read;
+                let Some(index) = append_once(
+                    &config,
+                    &mut client,
+                    records,
+                    measured,
+                    &shared,
+                    &mut result,
+                )
+                .await
+                else {
+                    if result.refused {
+                        break;
+                    }
+                    continue;
+                };
+                if config.workload == Workload::Read {
+                    mine = Some(index);
                 }
-                if refused {
-                    result.refused = true;
-                    shared.stop.store(true, Ordering::Relaxed);
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                index
             }
+        };
+        if config.workload == Workload::Append {
+            continue;
+        }
+        read_once(&config, &mut client, index, &shared, &mut result).await;
+        if result.refused {
+            break;
         }
     }
     result.retries = client.retries();
     result
+}
+
+/// Appends `records`; returns the last one's index, or `None` after an
+/// error (counted; `result.refused` when retrying cannot help). They count
+/// as acknowledged; their latency only when `measured`.
+async fn append_once(
+    config: &BenchConfig,
+    client: &mut Client,
+    records: Vec<Vec<u8>>,
+    measured: bool,
+    shared: &Shared,
+    result: &mut WorkerResult,
+) -> Option<u64> {
+    let started = Instant::now();
+    match client.append(records).await {
+        Ok(indexes) if indexes.len() != config.batch => {
+            // The server's answer is input like any other.
+            result.errors += 1;
+            result.first_error.get_or_insert_with(|| {
+                format!(
+                    "an append of {} records was answered with {} indexes",
+                    config.batch,
+                    indexes.len()
+                )
+            });
+            None
+        }
+        Ok(indexes) => {
+            if measured {
+                result.latency_us.saturating_record(micros(started));
+            }
+            result.acknowledged += indexes.len() as u64;
+            shared
+                .acknowledged
+                .fetch_add(indexes.len() as u64, Ordering::Relaxed);
+            let answered = indexes.iter().min().zip(indexes.iter().max());
+            result.index_range = widen(result.index_range, answered.map(|(lo, hi)| (*lo, *hi)));
+            indexes.last().copied()
+        }
+        Err(e) => {
+            failed(e, shared, result).await;
+            None
+        }
+    }
+}
+
+/// Reads record `index` back; counts it when the answer is that record.
+async fn read_once(
+    config: &BenchConfig,
+    client: &mut Client,
+    index: u64,
+    shared: &Shared,
+    result: &mut WorkerResult,
+) {
+    let started = Instant::now();
+    match client.read(index, index, config.consistency).await {
+        Ok(records) if records.len() == 1 && records[0].index == index => {
+            result.read_latency_us.saturating_record(micros(started));
+            result.reads += 1;
+            shared.reads.fetch_add(1, Ordering::Relaxed);
+        }
+        // A stale read may come before this node applied the record: not
+        // an error, a miss (counted apart, its latency not measured).
+        Ok(records) if records.is_empty() && config.consistency == Consistency::Stale => {
+            result.stale_misses += 1;
+        }
+        Ok(records) => {
+            result.errors += 1;
+            result.first_error.get_or_insert_with(|| {
+                format!(
+                    "a read of index {index} was answered with {} records",
+                    records.len()
+                )
+            });
+        }
+        Err(e) => failed(e, shared, result).await,
+    }
+}
+
+/// Counts a failed request; stops the run when retrying cannot help, else
+/// pauses before the next.
+async fn failed(e: ClientError, shared: &Shared, result: &mut WorkerResult) {
+    result.errors += 1;
+    let refused = matches!(
+        e,
+        ClientError::Refused(_) | ClientError::Endpoint(..) | ClientError::TooLarge { .. }
+    );
+    if result.first_error.is_none() {
+        result.first_error = Some(e.to_string());
+    }
+    if refused {
+        result.refused = true;
+        shared.stop.store(true, Ordering::Relaxed);
+    } else {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Microseconds since `started`, within the histograms' bounds.
+fn micros(started: Instant) -> u64 {
+    started
+        .elapsed()
+        .as_micros()
+        .clamp(1, MAX_LATENCY_US as u128) as u64
 }
 
 /// The endpoints with the leader's first, when the nodes say which one it
@@ -354,16 +543,28 @@ pub(crate) async fn command(args: BenchArgs) -> std::process::ExitCode {
         size,
         duration,
         batch,
+        workload,
+        consistency,
         append_deadline_ms,
         json,
         quiet,
     } = args;
+    let workload = match Workload::parse(&workload) {
+        Ok(w) => w,
+        Err(e) => return fail(e),
+    };
+    let consistency = match super::read::parse_consistency(&consistency) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
     if !(duration.is_finite() && duration > 0.0 && duration <= MAX_DURATION_SECS as f64) {
         return fail(format!(
             "--duration {duration}: expected seconds in (0, {MAX_DURATION_SECS}]"
         ));
     }
     let config = BenchConfig {
+        workload,
+        consistency,
         endpoints: endpoints.endpoints.clone(),
         per_endpoint: Duration::from_millis(endpoints.timeout_ms),
         clients,
@@ -379,8 +580,8 @@ pub(crate) async fn command(args: BenchArgs) -> std::process::ExitCode {
             } else {
                 println!("{}", report.to_text());
             }
-            if report.acknowledged == 0 {
-                eprintln!("ringraft: bench: no append was acknowledged");
+            if report.acknowledged == 0 && report.reads == 0 {
+                eprintln!("ringraft: bench: no append was acknowledged and no read answered");
                 return ExitCode::from(1);
             }
             ExitCode::SUCCESS
@@ -397,6 +598,7 @@ pub async fn run(mut config: BenchConfig, progress: bool) -> Result<BenchReport,
     let run = rand::random::<u32>();
     let shared = Arc::new(Shared {
         acknowledged: AtomicU64::new(0),
+        reads: AtomicU64::new(0),
         stop: AtomicBool::new(false),
     });
     let started = Instant::now();
@@ -409,7 +611,7 @@ pub async fn run(mut config: BenchConfig, progress: bool) -> Result<BenchReport,
     let elapsed = started.elapsed();
     if merged.refused {
         return Err(format!(
-            "the cluster refused an append: {}",
+            "the cluster refused a request: {}",
             merged.first_error.unwrap_or_default()
         ));
     }
@@ -422,6 +624,9 @@ pub async fn run(mut config: BenchConfig, progress: bool) -> Result<BenchReport,
         errors: merged.errors,
         retries: merged.retries,
         latency_us: merged.latency_us,
+        reads: merged.reads,
+        read_latency_us: merged.read_latency_us,
+        stale_misses: merged.stale_misses,
         index_range: merged.index_range,
         first_error: merged.first_error,
     })
@@ -446,13 +651,14 @@ async fn show_progress(config: &BenchConfig, shared: &Shared, started: Instant, 
         let recent_rate = (acked - last.1) as f64 / (now - last.0).as_secs_f64().max(1e-9);
         last = (now, acked);
         let line = format!(
-            "[{:>5.1}/{:.0} s] {} acknowledged, {:.0} records/s ({:.0} in the last second), {:.3} MB/s",
+            "[{:>5.1}/{:.0} s] {} acknowledged, {:.0} records/s ({:.0} in the last second), {:.3} MB/s, {} reads",
             (now - started).as_secs_f64(),
             config.duration.as_secs_f64(),
             acked,
             total_rate,
             recent_rate,
             total_rate * config.size as f64 / 1e6,
+            shared.reads.load(Ordering::Relaxed),
         );
         let mut err = std::io::stderr().lock();
         let _ = if tty {
@@ -480,6 +686,12 @@ async fn merge(
             .latency_us
             .add(&r.latency_us)
             .expect("histograms of equal bounds merge");
+        total
+            .read_latency_us
+            .add(&r.read_latency_us)
+            .expect("histograms of equal bounds merge");
+        total.reads += r.reads;
+        total.stale_misses += r.stale_misses;
         total.acknowledged += r.acknowledged;
         total.errors += r.errors;
         total.retries += r.retries;
@@ -498,6 +710,8 @@ mod tests {
 
     fn config() -> BenchConfig {
         BenchConfig {
+            workload: Workload::Append,
+            consistency: Consistency::Linearizable,
             endpoints: vec!["127.0.0.1:1".into()],
             per_endpoint: Duration::from_millis(100),
             clients: 4,
@@ -564,6 +778,9 @@ mod tests {
             errors: 1,
             retries: 2,
             latency_us,
+            reads: 0,
+            read_latency_us: new_histogram(),
+            stale_misses: 0,
             index_range: Some((5, 7)),
             first_error: Some("boom".into()),
         };

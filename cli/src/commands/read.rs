@@ -86,7 +86,7 @@ async fn follow_from(mut client: Client, from: u64, to: Option<u64>, json: bool)
     }
 }
 
-fn parse_consistency(s: &str) -> Result<Consistency, String> {
+pub(crate) fn parse_consistency(s: &str) -> Result<Consistency, String> {
     match s {
         "linearizable" => Ok(Consistency::Linearizable),
         "lease" => Ok(Consistency::Lease),

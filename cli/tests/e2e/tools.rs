@@ -1,5 +1,5 @@
 //! The operator's tools as processes: `ringraft bench` reports what it
-//! appended; `ringraft demo` passes, and leaves nothing running when it
+//! appended and read back; `ringraft demo` passes, and leaves nothing running when it
 //! ends or is interrupted.
 
 use std::process::{Command, Stdio};
@@ -48,6 +48,66 @@ fn bench_reports_what_it_appended() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn bench_reads_back_what_it_appended() {
+    let c = Cluster::start(3, &[]);
+    assert!(c.cli(&["append", "before the bench"]).status.success());
+    let bench = |workload: &str, consistency: &str| {
+        let out = c.cli(&[
+            "bench",
+            "--clients",
+            "2",
+            "--size",
+            "100",
+            "--duration",
+            "1",
+            "--workload",
+            workload,
+            "--consistency",
+            consistency,
+            "--append-deadline-ms",
+            "300000",
+            "--json",
+            "--quiet",
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "bench failed: {stderr}");
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(s["errors"], 0, "{s}");
+        assert_eq!(s["workload"], workload);
+        assert_eq!(s["consistency"], consistency);
+        let reads = s["reads"].as_u64().unwrap();
+        assert!(reads > 0, "{s}");
+        let r = &s["read_latency_ms"];
+        assert_eq!(r["samples"].as_u64().unwrap(), reads);
+        assert!(0.0 < r["p50"].as_f64().unwrap(), "{s}");
+        // Every record appended, measured or not, is in the log once.
+        bench_records_are_in_the_log_once(&c, &s);
+        s
+    };
+    // mixed: each read follows an append of its own.
+    let s = bench("mixed", "linearizable");
+    let (acked, reads) = (
+        s["acknowledged"].as_u64().unwrap(),
+        s["reads"].as_u64().unwrap(),
+    );
+    assert!(reads <= acked && acked <= reads + 2, "{s}");
+    assert_eq!(
+        s["latency_ms"]["samples"].as_u64().unwrap(),
+        acked,
+        "every append measured"
+    );
+    // read: one append per client, unmeasured, then only reads.
+    for consistency in ["lease", "stale"] {
+        let s = bench("read", consistency);
+        assert_eq!(s["acknowledged"], 2, "{s}");
+        assert_eq!(s["latency_ms"]["samples"], 0, "{s}");
+    }
+    let out = c.cli(&["bench", "--workload", "scan", "--duration", "1"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--workload scan"));
 }
 
 /// The JSON summary of a 4-client, 100-byte, 2-second bench: its counts,
