@@ -757,3 +757,81 @@ async fn a_restarted_leader_that_lost_its_tail_does_not_reuse_its_term() {
         "leadership went through a new election"
     );
 }
+
+/// The leader removes itself. openraft alpha.37 keeps such a leader leading
+/// until it steps down, and a membership change proposed on it meanwhile
+/// tripped the core's assertion "Only leader is allowed to call
+/// update_effective_membership()": the core panicked and stopped, and the
+/// node went on serving with a dead core. `Node::remove` ran two changes
+/// (remove the voters, then the nodes), so removing the leader always
+/// proposed the second on the removed leader: the old code answered
+/// `Stopped("panicked")` here. The Jepsen membership nemesis did this
+/// whenever leadership moved between its choice of a node and the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_removes_itself_and_the_others_go_on() {
+    let mut c = Cluster::start(Kind::Inproc, 3, Durability::Memory, 7).await;
+    let history = History::new();
+    write_n_applied(&c, "before", 3, &history).await;
+    let leader = c.leader().await;
+    let removed = c.node(leader);
+    removed
+        .remove([leader].into())
+        .await
+        .expect("the leader removes itself");
+    // A retry (a client that timed out) reaches the removed leader: it is
+    // refused, clearly, and the core goes on.
+    match removed.remove([leader].into()).await {
+        Err(NodeError::NotMember(id)) => assert_eq!(id, leader),
+        Err(NodeError::NotLeader { .. }) => {} // it stepped down already
+        other => panic!("a change on the removed leader: {other:?}"),
+    }
+    removed
+        .raft()
+        .with_raft_state(|_| ())
+        .await
+        .expect("the removed leader's core still runs");
+    // The others elect a leader among themselves and commit.
+    let rest: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();
+    let next = c.leader_among(&rest, T).await;
+    let status = c.node(next).status();
+    assert_eq!(status.voters, rest.iter().copied().collect::<BTreeSet<_>>());
+    assert!(!status.members.contains_key(&leader), "{status:?}");
+    // The removed node is out of the cluster: stopped, the others write.
+    c.stop(leader).await;
+    write_n_applied(&c, "after", 3, &history).await;
+    assert_nothing_lost(&c, &history);
+}
+
+/// A core that stops on its own is reported: [`Node::core_stopped`]
+/// resolves with why (`ringraft serve` then exits instead of serving with a
+/// dead core, answering a stale "leader" forever as it did in the Jepsen
+/// runs). The panic is openraft's own: the change that `Node::remove` no
+/// longer proposes (a membership change on a leader that removed itself),
+/// sent to openraft directly. It is a `debug_assert!` in openraft, hence
+/// debug builds only.
+#[cfg(debug_assertions)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_core_that_panics_is_reported() {
+    use openraft::ChangeMembers;
+    let c = Cluster::start(Kind::Inproc, 3, Durability::Memory, 8).await;
+    let leader = c.leader().await;
+    let node = c.node(leader).clone();
+    let stopped = tokio::spawn({
+        let node = node.clone();
+        async move { node.core_stopped().await }
+    });
+    let raft = node.raft();
+    raft.change_membership(ChangeMembers::RemoveVoters([leader].into()), false)
+        .await
+        .expect("the leader removes itself");
+    assert!(!stopped.is_finished(), "the core runs on after the removal");
+    let refused = raft
+        .change_membership(ChangeMembers::RemoveNodes([leader].into()), false)
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    let why = tokio::time::timeout(T, stopped)
+        .await
+        .expect("core_stopped resolves")
+        .unwrap();
+    assert!(why.contains("panicked"), "{why}");
+}

@@ -130,8 +130,25 @@ async fn clean_run_under_faults_is_valid() {
     config.require.fences = true;
     let summary = run(config).await.expect("the run completes");
     assert!(summary.workload.append_ok > 0, "{summary:?}");
-    // After every fault the leader holds every follower's ring.
-    assert!(summary.unmet.is_empty(), "{:?}", summary.unmet);
+    // After every fault the leader holds every follower's ring. A run
+    // that fails this is kept (its node logs) for diagnosis: it failed
+    // about once in five full-suite runs, cause not found yet.
+    if !summary.unmet.is_empty() {
+        let kept = dir.keep();
+        let tails: String = (1..=3)
+            .map(|n| {
+                let log =
+                    std::fs::read_to_string(out.join(format!("logs/n{n}.log"))).unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+                format!("--- the last lines of node {n}'s log:\n{tail}\n")
+            })
+            .collect();
+        panic!(
+            "{:?} (run directory kept: {kept:?})\n{tails}",
+            summary.unmet
+        );
+    }
     assert_eq!(summary.fences.len(), 3, "{:?}", summary.fences);
     assert!(!summary.nemesis.windows.is_empty(), "{summary:?}");
     let log = std::fs::read_to_string(out.join("logs/n1.log")).unwrap();

@@ -168,6 +168,16 @@ impl Default for ConnConfig {
 impl ConnConfig {
     /// Largest value `retry_count` and `rnr_retry` may take.
     pub const MAX_RETRY: u8 = 6;
+    /// Receive buffers an `rdma` connection holds, at least.
+    pub const MIN_RECV_SLOTS: u32 = 16;
+
+    /// The receive buffers an `rdma` connection allocates and registers
+    /// up front: `max(recv_depth, 16)` of `max_message_bytes` each (64 MiB
+    /// with the node's defaults), whether or not a message ever comes.
+    /// The other backends allocate a message when it arrives.
+    pub fn rdma_receive_bytes(&self) -> u64 {
+        u64::from(self.recv_depth.max(Self::MIN_RECV_SLOTS)) * u64::from(self.max_message_bytes)
+    }
 
     /// Checks the bounds.
     pub fn validate(&self) -> Result<(), String> {

@@ -1,6 +1,7 @@
 //! `ringraft serve`: one node of a replicated log, its client API, and its
 //! metrics endpoint, until SIGTERM or SIGINT (then: stop accepting, flush,
-//! close). It wires the parts together; it never handles a client request
+//! close), or until its Raft core stops on its own (the same, then exit
+//! with an error). It wires the parts together; it never handles a client request
 //! itself (that is `service`) and never parses flags (that is `config`).
 
 use std::time::Duration;
@@ -119,8 +120,14 @@ pub async fn run(config: Config) -> Result<(), String> {
         None => None,
     };
 
-    wait_for_signal().await;
-    tracing::info!("stopping: no new requests, flushing, closing");
+    let core_stopped = until_stopped(&node, wait_for_signal()).await;
+    match &core_stopped {
+        None => tracing::info!("stopping: no new requests, flushing, closing"),
+        Some(why) => tracing::error!(
+            %why,
+            "the Raft core stopped: this node can no longer take part; stopping"
+        ),
+    }
     let _ = shutdown_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), grpc).await;
     if let Some(m) = metrics {
@@ -128,7 +135,20 @@ pub async fn run(config: Config) -> Result<(), String> {
     }
     node.shutdown().await;
     tracing::info!("stopped");
-    Ok(())
+    match core_stopped {
+        None => Ok(()),
+        Some(why) => Err(format!("the Raft core stopped: {why}")),
+    }
+}
+
+/// Waits for `signal` (a clean stop: `None`) or for the node's Raft core to
+/// stop on its own (`Some(why)`): a node whose core stopped must not go on
+/// serving, answering a stale "leader" forever.
+async fn until_stopped(node: &ringraft::Node, signal: impl Future<Output = ()>) -> Option<String> {
+    tokio::select! {
+        () = signal => None,
+        why = node.core_stopped() => Some(why),
+    }
 }
 
 /// The client API's incoming connections, each with `TCP_NODELAY` set.
@@ -179,5 +199,35 @@ mod tests {
             .expect("the stream goes on")
             .unwrap();
         assert!(accepted.nodelay().unwrap(), "TCP_NODELAY is set");
+    }
+
+    /// The daemon stops when its node's Raft core stops on its own; before
+    /// this, it went on serving with a dead core (the Jepsen runs' stale
+    /// "leader term 7" after openraft's core panicked).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_daemon_stops_when_the_core_stops() {
+        use ringraft::Durability;
+        use ringraft_testkit::inproc::{Cluster, Kind};
+        let c = Cluster::start(Kind::Inproc, 1, Durability::Memory, 1).await;
+        let node = c.node(1).clone();
+        let waiting = tokio::spawn({
+            let node = node.clone();
+            async move { until_stopped(&node, std::future::pending()).await }
+        });
+        // The core stops under the daemon (here: openraft's own shutdown).
+        node.raft().shutdown().await.unwrap();
+        let why = tokio::time::timeout(Duration::from_secs(60), waiting)
+            .await
+            .expect("the daemon notices")
+            .unwrap();
+        assert!(why.is_some_and(|w| w.contains("stopped")), "a reason");
+    }
+
+    #[tokio::test]
+    async fn a_signal_stops_the_daemon_cleanly() {
+        use ringraft::Durability;
+        use ringraft_testkit::inproc::{Cluster, Kind};
+        let c = Cluster::start(Kind::Inproc, 1, Durability::Memory, 2).await;
+        assert_eq!(until_stopped(c.node(1), async {}).await, None);
     }
 }

@@ -53,6 +53,7 @@ pub fn status(e: NodeError) -> Status {
         NodeError::NotLeader { leader_id, .. } => Status::unavailable(format!(
             "no reachable leader (last known: {leader_id:?}); try another node"
         )),
+        e @ NodeError::NotMember(_) => Status::unavailable(e.to_string()),
         NodeError::Unknown(m) => {
             Status::unavailable(format!("outcome unknown, retry with the same session: {m}"))
         }

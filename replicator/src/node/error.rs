@@ -20,6 +20,14 @@ pub enum NodeError {
         /// The leader's address.
         leader_addr: Option<String>,
     },
+    /// This node leads but is no longer a member (it removed itself and
+    /// steps down once the removal is committed): it takes no membership
+    /// change; ask another node.
+    #[error(
+        "node {0} was removed from the cluster and is handing leadership over; \
+         ask another node"
+    )]
+    NotMember(u64),
     /// A configuration value is wrong.
     #[error("configuration: {0}")]
     Config(String),

@@ -21,7 +21,8 @@
 //!
 //! Owns the [`Node`] handle and what it holds ([`Inner`]); each job lives
 //! in a module of its own: `config`, `error`, `start` (the builder),
-//! `propose`, `read`, `retention`, `membership`, `status`. It must
+//! `propose`, `links` (the links forwarded calls take), `read`,
+//! `retention`, `membership`, `status`. It must
 //! never hold the protocol logic itself: that is openraft's, the log
 //! store's and the network's.
 
@@ -39,6 +40,7 @@ use crate::types::Raft;
 
 mod config;
 mod error;
+mod links;
 mod membership;
 mod propose;
 mod read;
@@ -66,8 +68,11 @@ struct Inner {
     guard: NodeGuard,
     metrics: Arc<Metrics>,
     net_ctx: Arc<NetCtx>,
-    /// A connection to the leader, for forwarded proposals and read indexes.
-    leader_link: tokio::sync::Mutex<Option<(u64, crate::network::PeerNet)>>,
+    /// Connections to the leader, for forwarded proposals and read indexes.
+    leader_links: links::LinkPool<(u64, crate::network::PeerNet)>,
+    /// Held across each membership change ([`membership`]): one at a time
+    /// from this node, each checked against the core's state first.
+    membership_change: Arc<tokio::sync::Mutex<()>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// The seeds of the node's scopes ([`crate::rt`]).
     seeds: Arc<crate::rt::Seeds>,
@@ -145,6 +150,22 @@ impl Node {
     /// The fabric device.
     pub fn device(&self) -> &Device {
         &self.inner.device
+    }
+
+    /// Resolves once this node's Raft core has stopped, with why: after
+    /// [`Node::shutdown`], or on its own (a fatal storage error, or a panic
+    /// inside openraft). A node whose core stopped proposes, reads and
+    /// votes no more while its metrics stay frozen at their last values:
+    /// an application should stop serving from it (`ringraft serve` exits
+    /// with an error) and call [`Node::shutdown`] to flush.
+    pub async fn core_stopped(&self) -> String {
+        let mut metrics = self.inner.raft.metrics();
+        // Only the core holds the metrics' sender: the watch ends with it.
+        while metrics.changed().await.is_ok() {}
+        match self.inner.raft.with_raft_state(|_| ()).await {
+            Err(fatal) => fatal.to_string(),
+            Ok(()) => "openraft's metrics ended while its core still answers".into(),
+        }
     }
 
     /// Stops Raft and the fabric side gracefully: pending IO is flushed.

@@ -262,7 +262,9 @@ impl Node {
         }))
     }
 
-    /// One request to the leader `leader` over the control plane.
+    /// One request to the leader `leader` over the control plane, on a link
+    /// of its own while other forwarded calls are in flight
+    /// ([`super::links`]).
     pub(super) async fn leader_call(
         &self,
         leader: u64,
@@ -277,7 +279,7 @@ impl Node {
                 leader_id: Some(leader),
                 leader_addr: None,
             })?;
-        let mut link = self.inner.leader_link.lock().await;
+        let mut link = self.inner.leader_links.slot().await;
         if link.as_ref().is_none_or(|(id, _)| *id != leader) {
             *link = Some((
                 leader,

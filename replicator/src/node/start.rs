@@ -142,6 +142,7 @@ impl NodeBuilder {
             admission,
             ..
         } = storage;
+        let forward_links = super::links::forward_links(device.backend(), &net_ctx.conn_config);
         let inner = Arc::new_cyclic(|node| {
             tasks.push(rt::spawn(
                 &seeds,
@@ -159,7 +160,8 @@ impl NodeBuilder {
                 guard,
                 metrics,
                 net_ctx,
-                leader_link: tokio::sync::Mutex::new(None),
+                leader_links: super::links::LinkPool::new(forward_links),
+                membership_change: Arc::new(tokio::sync::Mutex::new(())),
                 tasks,
                 seeds: seeds.clone(),
             }

@@ -8,7 +8,7 @@
 use super::*;
 
 /// Receive buffers a connection has room for, at least.
-pub(crate) const MIN_RECV_SLOTS: u32 = 16;
+pub(crate) const MIN_RECV_SLOTS: u32 = ConnConfig::MIN_RECV_SLOTS;
 /// Receive buffer memory per connection, at most.
 pub(super) const MAX_RECV_MEMORY_BYTES: u64 = 256 << 20;
 /// Send staging ring bytes per allowed outstanding request...
@@ -46,7 +46,7 @@ impl Sizing {
         max_msg_sz: u32,
     ) -> Result<Sizing> {
         let recv_slots = config.recv_depth.max(MIN_RECV_SLOTS);
-        let recv_memory = u64::from(recv_slots) * u64::from(config.max_message_bytes);
+        let recv_memory = config.rdma_receive_bytes();
         if recv_memory > MAX_RECV_MEMORY_BYTES {
             return Err(TransportError::Config(format!(
                 "max(recv_depth {}, {MIN_RECV_SLOTS}) receive buffers of max_message_bytes {} is {recv_memory} bytes \
