@@ -35,28 +35,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::nemesis::{addr, append_on, fence_term};
+use crate::nemesis::{addr, append_on, fence_term, until};
 use crate::world::World;
 
 /// How long each stage may take (simulated).
 const PATIENCE: Duration = Duration::from_secs(15);
-/// Between looks at the world.
-const POLL: Duration = Duration::from_millis(1);
-
-/// Waits (simulated time, at most [`PATIENCE`]) until `ready`; whether it
-/// came.
-async fn until(world: &World, ready: impl Fn(&World) -> bool) -> bool {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if ready(world) {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(POLL).await;
-    }
-}
 
 /// Runs the fault with `leader` (id, term) and follower `follower`, held
 /// for `hold` at least.
@@ -94,7 +77,7 @@ pub async fn apply(
     // An entry the others take and the follower's NIC parks.
     let data = format!("late-landing-{}-{}", world.seed, world.faults);
     let proposal = append_on(world, old, old_node, data, PATIENCE);
-    let parked = until(world, |_| {
+    let parked = until(world, PATIENCE, |_| {
         fabric.parked(&old_addr, &f_addr) > 0 && proposal.is_finished()
     })
     .await;
@@ -112,7 +95,7 @@ pub async fn apply(
     fabric.partition(&[&old_addr], &everyone);
     world.history.leader_isolated(old, term);
     let overwritten = parked
-        && until(world, |w| {
+        && until(world, PATIENCE, |w| {
             fence_term(w, follower).is_some_and(|t| t > term)
                 && w.landings
                     .latest_epoch(follower)
@@ -134,7 +117,7 @@ pub async fn apply(
     } else {
         fabric.discard_parked(&old_addr, &f_addr);
     }
-    let done = until(world, |_| fabric.parked(&old_addr, &f_addr) == 0).await;
+    let done = until(world, PATIENCE, |_| fabric.parked(&old_addr, &f_addr) == 0).await;
     world.trace.event(|| {
         format!(
             "leader {old}'s parked WRITEs {} (tail {parked_at:?} then {:?}): {done}",
@@ -146,7 +129,7 @@ pub async fn apply(
         fabric.release_sends(other, &f_addr);
     }
     // The window closes once another node leads a later term.
-    let new_leader = until(world, |w| {
+    let new_leader = until(world, PATIENCE, |w| {
         rest.iter()
             .chain([&follower])
             .filter_map(|id| w.nodes.get(*id))

@@ -129,6 +129,28 @@ pub(crate) fn addr(world: &World, id: u64) -> String {
     world.cluster.members[&id].config.listen.clone()
 }
 
+/// Between looks at the world while a scripted fault waits ([`until`]).
+const POLL: Duration = Duration::from_millis(1);
+
+/// Waits (simulated time, at most `patience`) until `ready`, looking every
+/// [`POLL`]; whether it came.
+pub(crate) async fn until(
+    world: &World,
+    patience: Duration,
+    ready: impl Fn(&World) -> bool,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        if ready(world) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
 /// Node `id`'s fence term, if it runs.
 pub(crate) fn fence_term(world: &World, id: u64) -> Option<u64> {
     world.nodes.get(id).map(|n| n.log_store().fence().term())

@@ -27,14 +27,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::nemesis::{addr, append_on, fence_term};
+use crate::nemesis::{addr, append_on, fence_term, until};
 use crate::world::World;
 
 /// How long the others may take to elect a leader and fence the follower
 /// in (simulated).
 const PATIENCE: Duration = Duration::from_secs(15);
-/// Between looks at the follower's fence.
-const POLL: Duration = Duration::from_millis(1);
 
 /// Runs the fault with `leader` (id, term) and follower `bridge`, held for
 /// `hold` at least.
@@ -72,15 +70,10 @@ pub async fn apply(
     let data = format!("stale-adoption-{}-{}", world.seed, world.faults);
     let proposal = append_on(world, old, old_node, data, PATIENCE);
     // The others elect, and their leader fences the follower in.
-    let fenced = loop {
-        if fence_term(world, bridge).is_some_and(|t| t > term) {
-            break true;
-        }
-        if started.elapsed() >= PATIENCE {
-            break false;
-        }
-        tokio::time::sleep(POLL).await;
-    };
+    let fenced = until(world, PATIENCE, |w| {
+        fence_term(w, bridge).is_some_and(|t| t > term)
+    })
+    .await;
     world.trace.event(|| {
         format!(
             "node {bridge}'s fence moved past leader {old}'s term {term}: {fenced} \

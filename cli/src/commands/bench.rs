@@ -177,27 +177,15 @@ impl BenchReport {
         self.reads as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
-    fn percentile_ms(&self, q: f64) -> f64 {
-        percentile_ms(&self.latency_us, q)
-    }
-
     /// The summary as JSON.
     pub fn to_json(&self) -> serde_json::Value {
-        let h = &self.read_latency_us;
         serde_json::json!({
             "workload": self.config.workload.name(),
             "consistency": self.config.consistency.as_str_name().to_lowercase(),
             "reads": self.reads,
             "stale_misses": self.stale_misses,
             "reads_per_s": self.reads_per_sec(),
-            "read_latency_ms": {
-                "p50": percentile_ms(h, 0.5),
-                "p99": percentile_ms(h, 0.99),
-                "p999": percentile_ms(h, 0.999),
-                "max": h.max() as f64 / 1000.0,
-                "mean": h.mean() / 1000.0,
-                "samples": h.len(),
-            },
+            "read_latency_ms": latency_json(&self.read_latency_us),
             "clients": self.config.clients,
             "size_bytes": self.config.size,
             "batch": self.config.batch,
@@ -207,14 +195,7 @@ impl BenchReport {
             "acknowledged": self.acknowledged,
             "records_per_s": self.records_per_sec(),
             "mb_per_s": self.mb_per_sec(),
-            "latency_ms": {
-                "p50": self.percentile_ms(0.5),
-                "p99": self.percentile_ms(0.99),
-                "p999": self.percentile_ms(0.999),
-                "max": self.latency_us.max() as f64 / 1000.0,
-                "mean": self.latency_us.mean() / 1000.0,
-                "samples": self.latency_us.len(),
-            },
+            "latency_ms": latency_json(&self.latency_us),
             "errors": self.errors,
             "retries": self.retries,
             "first_index": self.index_range.map(|r| r.0),
@@ -251,15 +232,11 @@ impl BenchReport {
             self.mb_per_sec()
         );
         s += &format!(
-            "commit latency  p50 {:.3} ms, p99 {:.3} ms, p999 {:.3} ms, max {:.3} ms ({} appends)\n",
-            self.percentile_ms(0.5),
-            self.percentile_ms(0.99),
-            self.percentile_ms(0.999),
-            self.latency_us.max() as f64 / 1000.0,
+            "commit latency  {} ({} appends)\n",
+            latency_text(&self.latency_us),
             self.latency_us.len()
         );
         if self.config.workload != Workload::Append {
-            let h = &self.read_latency_us;
             s += &format!(
                 "reads           {} ({:.1}/s, {}; {} stale misses)\n",
                 self.reads,
@@ -267,13 +244,7 @@ impl BenchReport {
                 self.config.consistency.as_str_name().to_lowercase(),
                 self.stale_misses
             );
-            s += &format!(
-                "read latency    p50 {:.3} ms, p99 {:.3} ms, p999 {:.3} ms, max {:.3} ms\n",
-                percentile_ms(h, 0.5),
-                percentile_ms(h, 0.99),
-                percentile_ms(h, 0.999),
-                h.max() as f64 / 1000.0,
-            );
+            s += &format!("read latency    {}\n", latency_text(&self.read_latency_us));
         }
         s += &format!("errors          {}, retries {}", self.errors, self.retries);
         if let Some(e) = &self.first_error {
@@ -288,6 +259,29 @@ fn percentile_ms(h: &Histogram<u64>, q: f64) -> f64 {
         return 0.0;
     }
     h.value_at_quantile(q) as f64 / 1000.0
+}
+
+/// A latency histogram (microseconds) in the JSON summary, in ms.
+fn latency_json(h: &Histogram<u64>) -> serde_json::Value {
+    serde_json::json!({
+        "p50": percentile_ms(h, 0.5),
+        "p99": percentile_ms(h, 0.99),
+        "p999": percentile_ms(h, 0.999),
+        "max": h.max() as f64 / 1000.0,
+        "mean": h.mean() / 1000.0,
+        "samples": h.len(),
+    })
+}
+
+/// A latency histogram (microseconds) in the text summary.
+fn latency_text(h: &Histogram<u64>) -> String {
+    format!(
+        "p50 {:.3} ms, p99 {:.3} ms, p999 {:.3} ms, max {:.3} ms",
+        percentile_ms(h, 0.5),
+        percentile_ms(h, 0.99),
+        percentile_ms(h, 0.999),
+        h.max() as f64 / 1000.0
+    )
 }
 
 /// The bytes of record `seq` of client `client` in run `run`.

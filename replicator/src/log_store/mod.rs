@@ -667,13 +667,18 @@ impl LogStore {
     /// Checks records a leader wrote into this ring, without taking them into
     /// the log, and returns them as entries; they stay pending for
     /// connection `conn` until openraft appends exactly them (or
-    /// [`LogStore::drop_pending`]).
+    /// [`LogStore::drop_pending`]). `Ok(None)` where `conn` does not hold
+    /// the last grant ([`LogStore::holds_grant`], checked under the same
+    /// lock): nothing was looked at.
     pub fn prepare_adoption(
         &self,
         conn: u64,
         request: AdoptRequest,
-    ) -> Result<Vec<Entry>, WalError> {
+    ) -> Result<Option<Vec<Entry>>, WalError> {
         let mut adoptions = self.adoptions();
+        if adoptions.granted != Some(conn) {
+            return Ok(None);
+        }
         let wal = self.wal();
         let prepared = wal.ring().prepare_adoption(request)?;
         let entries = wal
@@ -692,7 +697,7 @@ impl LogStore {
         // A connection prepares its next adoption only once its last one
         // was taken or dropped (one pending adoption per connection).
         assert!(replaced.is_none(), "connection {conn} prepared twice");
-        Ok(entries)
+        Ok(Some(entries))
     }
 
     /// Forgets the adoption connection `conn` prepared if openraft did not

@@ -238,12 +238,10 @@ pub(super) async fn adopt(
     conn_id: u64,
     request: AdoptRequest,
 ) -> Result<Vec<Entry>, Reply> {
-    if !ctx.store.holds_grant(conn_id) {
-        return Err(superseded(ctx, peer, conn_id));
-    }
     let to_lsn = request.to_lsn;
     match ctx.store.prepare_adoption(conn_id, request) {
-        Ok(entries) => {
+        Ok(None) => Err(superseded(ctx, peer, conn_id)),
+        Ok(Some(entries)) => {
             crate::hooks::pass(
                 ctx.hooks.as_ref(),
                 crate::hooks::HookPoint::AdoptionPrepared,

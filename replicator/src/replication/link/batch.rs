@@ -59,11 +59,18 @@ impl Link {
                 return false;
             }
         };
-        let continues = match self.view {
+        // One-sided from the follower's tail: how many of the batch's first
+        // entries it holds already (`None`: two-sided).
+        let skip = match self.view {
             Some(view) if view.epoch == epoch => {
-                !view.awaiting_tail
-                    && (view.tail.last_log_id() == request.prev_log_id
-                        || held_prefix(request, view.tail.last_log_id()).is_some())
+                let tail = view.tail.last_log_id();
+                if view.awaiting_tail {
+                    None
+                } else if tail == request.prev_log_id {
+                    Some(0)
+                } else {
+                    held_prefix(request, tail)
+                }
             }
             _ => {
                 // The fence of this term is taken first, once nothing else
@@ -75,6 +82,7 @@ impl Link {
                 return false;
             }
         };
+        let continues = skip.is_some();
         if continues && self.appends_in_flight() >= self.config.pipeline_depth {
             return false;
         }
@@ -87,13 +95,9 @@ impl Link {
         let Work::Append(mut request) = queued.work else {
             unreachable!("matched an append")
         };
-        if continues {
-            let tail = self.view.expect("a view").tail.last_log_id();
-            if tail != request.prev_log_id {
-                let held = held_prefix(&request, tail).expect("checked above");
-                request.entries.drain(..held);
-                request.prev_log_id = tail;
-            }
+        if let Some(held) = skip.filter(|&held| held > 0) {
+            request.entries.drain(..held);
+            request.prev_log_id = self.view.expect("a view").tail.last_log_id();
         }
         let result = if continues {
             self.stage_written(now, queued.ticket, queued.ttl, request)
