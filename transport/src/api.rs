@@ -48,6 +48,17 @@ pub(crate) enum DeviceKind {
     Rdma(Arc<crate::rdma::RdmaDevice>),
 }
 
+/// What [`Device::probe`] found at an address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// Something accepted the connection.
+    Listening,
+    /// The host answered that nothing listens there.
+    Refused,
+    /// No answer in time, or another failure: nothing is known.
+    Unknown(String),
+}
+
 /// An open device: the software RNIC of this process (`tcp`), a node of an
 /// in-process fabric (`inproc`), or a real RDMA device (`rdma`).
 #[derive(Clone)]
@@ -212,6 +223,21 @@ impl Device {
             DeviceKind::Rdma(d) => Ok(Listener {
                 kind: ListenerKind::Rdma(d.clone().listen(addr, config, policy).await?),
             }),
+        }
+    }
+
+    /// Asks whether anything listens at `addr`, without a handshake: a TCP
+    /// connect (the `rdma` backend's bootstrap port on `rdma`), closed at
+    /// once. [`Probe::Refused`] is the peer host's kernel saying that no
+    /// socket listens there: the listener's process is gone (or never
+    /// started). A timeout or any other failure says nothing
+    /// ([`Probe::Unknown`]). The listener's side takes a connection that
+    /// closes before its first byte as a probe: not a rejected attempt.
+    pub async fn probe(&self, addr: &str, timeout: std::time::Duration) -> Probe {
+        match &self.kind {
+            DeviceKind::Soft(d) => d.probe(addr, timeout).await,
+            #[cfg(feature = "rdma")]
+            DeviceKind::Rdma(_) => crate::bootstrap::probe(addr, timeout).await,
         }
     }
 

@@ -157,6 +157,34 @@ pub(crate) async fn dial(addr: &str, timeout: Duration) -> Result<TcpStream> {
     Ok(stream)
 }
 
+/// [`crate::Device::probe`] over TCP: connects to `addr` and closes at once.
+pub(crate) async fn probe(addr: &str, timeout: Duration) -> crate::Probe {
+    match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+        Ok(Ok(_stream)) => crate::Probe::Listening,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => crate::Probe::Refused,
+        Ok(Err(e)) => crate::Probe::Unknown(format!("connect to {addr}: {e}")),
+        Err(_) => crate::Probe::Unknown(format!(
+            "connect to {addr}: no answer within {} ms",
+            timeout.as_millis()
+        )),
+    }
+}
+
+/// Waits for `stream`'s first byte, within `timeout`: `Ok(false)` when
+/// the peer closed it before sending one (a [`probe`], not a connection
+/// attempt: the client speaks first in every handshake).
+async fn first_byte(stream: &TcpStream, peer: &str, timeout: Duration) -> Result<bool> {
+    let mut byte = [0u8; 1];
+    match tokio::time::timeout(timeout, stream.peek(&mut byte)).await {
+        Ok(Ok(n)) => Ok(n > 0),
+        Ok(Err(e)) => Err(TransportError::io(format!("read from {peer}"))(e)),
+        Err(_) => Err(TransportError::Timeout {
+            what: format!("the handshake of {peer}"),
+            after_ms: timeout.as_millis() as u64,
+        }),
+    }
+}
+
 /// Accepts TCP connections for ever, running `device`'s handshake on each,
 /// at most [`MAX_CONCURRENT_HANDSHAKES`] at once. Connections it yields go
 /// to `tx`; failures count in the device's `rejected` and are logged as its
@@ -188,13 +216,20 @@ async fn accept_loop<D: Accept>(
         tokio::spawn(async move {
             let _permit = permit;
             let attempt = async {
+                if !first_byte(&stream, &peer, config.handshake_timeout).await? {
+                    return Ok(None);
+                }
                 no_delay(&stream)?;
-                device.accept_one(stream, &peer, &config, &policy).await
+                device
+                    .accept_one(stream, &peer, &config, &policy)
+                    .await
+                    .map(Some)
             };
             match attempt.await {
-                Ok(conn) => {
+                Ok(Some(conn)) => {
                     let _ = tx.send(conn).await;
                 }
+                Ok(None) => tracing::debug!(%peer, "probed (closed before its first byte)"),
                 Err(error) => {
                     device.rejected().fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(%peer, %error, "{}", D::REJECTED_WHAT);

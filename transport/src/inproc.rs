@@ -34,7 +34,7 @@ use rand::{RngExt, SeedableRng};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
-use crate::api::{AcceptPolicy, Device, DeviceConfig, DeviceKind};
+use crate::api::{AcceptPolicy, Device, DeviceConfig, DeviceKind, Probe};
 use crate::entropy::Entropy;
 use crate::error::{Result, TransportError};
 use crate::handshake::PeerInfo;
@@ -610,6 +610,25 @@ impl Fabric {
     }
 
     /// The device listening at `addr` and its listener, if it still lives.
+    /// [`crate::Device::probe`] from `client_node`: refused when no
+    /// listener is open at `addr`, like a host's kernel answering; unknown
+    /// when the fabric does not pass frames both ways to its node (a real
+    /// network would not answer).
+    pub(crate) async fn probe(&self, client_node: &str, addr: &str, _timeout: Duration) -> Probe {
+        let Some((_, entry)) = self.listener_at(addr) else {
+            return Probe::Refused;
+        };
+        let state = self.inner.state.lock().expect("fabric state");
+        if !(state.passes(client_node, &entry.node) && state.passes(&entry.node, client_node)) {
+            return Probe::Unknown(format!("{addr} is unreachable from {client_node}"));
+        }
+        if entry.tx.is_closed() {
+            Probe::Refused
+        } else {
+            Probe::Listening
+        }
+    }
+
     fn listener_at(&self, addr: &str) -> Option<(Arc<SoftDevice>, ListenerEntry)> {
         let listeners = self.inner.listeners.lock().expect("fabric listeners");
         let entry = listeners.get(addr)?;

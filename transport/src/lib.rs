@@ -45,7 +45,7 @@ pub mod rdma;
 
 pub use api::{
     AcceptPolicy, Buffer, Completion, Connection, Device, DeviceConfig, Listener, MemoryRegion,
-    reveal_to_all,
+    Probe, reveal_to_all,
 };
 pub use error::{Result, TransportError, WcError};
 pub use handshake::{PeerInfo, Secret};

@@ -8,8 +8,8 @@ use std::time::Duration;
 use ringraft_transport::conformance::suite_secret;
 use ringraft_transport::inproc::Fabric;
 use ringraft_transport::{
-    Access, Buffer, ConnConfig, Connection, Device, DeviceConfig, DeviceLimits, TransportError,
-    WcError, reveal_to_all,
+    Access, Buffer, ConnConfig, Connection, Device, DeviceConfig, DeviceLimits, Probe,
+    TransportError, WcError, reveal_to_all,
 };
 use tokio::time::Instant;
 
@@ -379,4 +379,30 @@ async fn a_discarded_parked_write_fails_at_the_nic_and_copies_nothing() {
     assert_eq!(err.wc(), Some(WcError::RemoteAccess), "{err}");
     assert_eq!(buf.read(0, 5).unwrap(), [0; 5]);
     assert_eq!(fabric.parked("a", "b"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_is_refused_only_where_no_listener_is_open_and_the_path_passes() {
+    let fabric = Fabric::new(6);
+    let a = device(&fabric, "a", 1);
+    let b = device(&fabric, "b", 2);
+    let listener = b
+        .listen("b:0", config(), reveal_to_all(vec![]))
+        .await
+        .unwrap();
+    let t = Duration::from_secs(1);
+    assert_eq!(a.probe("b:0", t).await, Probe::Listening);
+    assert_eq!(a.probe("c:0", t).await, Probe::Refused, "nothing there");
+    fabric.partition(&["a"], &["b"]);
+    assert!(
+        matches!(a.probe("b:0", t).await, Probe::Unknown(_)),
+        "a partition answers nothing"
+    );
+    drop(listener);
+    assert!(
+        matches!(a.probe("b:0", t).await, Probe::Unknown(_)),
+        "nor does it for a closed listener behind it"
+    );
+    fabric.heal();
+    assert_eq!(a.probe("b:0", t).await, Probe::Refused);
 }

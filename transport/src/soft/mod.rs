@@ -151,6 +151,14 @@ impl SoftDevice {
         }
     }
 
+    /// [`crate::Device::probe`].
+    pub(crate) async fn probe(&self, addr: &str, timeout: std::time::Duration) -> crate::Probe {
+        match &self.flavor {
+            Flavor::Tcp => crate::bootstrap::probe(addr, timeout).await,
+            Flavor::Inproc { fabric, node } => fabric.probe(node, addr, timeout).await,
+        }
+    }
+
     /// Reserves a connection slot, or fails at the device's limit.
     pub(crate) fn reserve_connection(&self) -> Result<ConnSlot> {
         ConnSlot::reserve(&self.live_connections, self.config.limits.max_connections)
