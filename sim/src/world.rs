@@ -57,14 +57,19 @@ pub struct Trace {
     on: bool,
     start: Instant,
     lines: Arc<Mutex<Vec<String>>>,
+    /// Paths that differ from run to run (the nodes' temporary
+    /// directories), and what the trace says instead: an error message
+    /// that names a file must not make two runs of a seed differ.
+    masks: Arc<Vec<(String, String)>>,
 }
 
 impl Trace {
-    fn new(on: bool, start: Instant) -> Trace {
+    fn new(on: bool, start: Instant, masks: Vec<(String, String)>) -> Trace {
         Trace {
             on,
             start,
             lines: Arc::default(),
+            masks: Arc::new(masks),
         }
     }
 
@@ -72,7 +77,11 @@ impl Trace {
     pub fn event(&self, what: impl FnOnce() -> String) {
         if self.on {
             let at = self.start.elapsed();
-            let line = format!("{:>10.3} {}", at.as_secs_f64(), what());
+            let mut what = what();
+            for (path, name) in self.masks.iter() {
+                what = what.replace(path.as_str(), name);
+            }
+            let line = format!("{:>10.3} {what}", at.as_secs_f64());
             self.lines
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -183,7 +192,21 @@ pub async fn run(seed: u64, options: &Options) -> Outcome {
         .expect("a new fabric has no landing observer yet");
     let history =
         Recorder::with_clock(move || u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX));
-    let trace = Trace::new(options.trace, start);
+    let mut masks: Vec<(String, String)> = cluster
+        .members
+        .iter()
+        .map(|(id, member)| {
+            let dir = member.config.data_dir.display().to_string();
+            (dir, format!("<node {id}'s data dir>"))
+        })
+        .collect();
+    if let Some(member) = cluster.members.values().next() {
+        let rings = member.config.ring_dir.display().to_string();
+        masks.push((rings, "<ring dir>".to_string()));
+    }
+    // Longer paths first: one may start with another.
+    masks.sort_by_key(|(path, _)| std::cmp::Reverse(path.len()));
+    let trace = Trace::new(options.trace, start, masks);
     trace.event(|| {
         format!(
             "seed {seed}: {} nodes, {durability:?}, flushes take {flush_latency:?}",
