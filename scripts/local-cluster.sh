@@ -8,7 +8,8 @@
 # BASE_PORT+10+i) with data dirs in a new dir under PARENT and rings in a new
 # dir under /dev/shm, waits (at most 30 s) until they agree on a leader, and
 # sets BIN, WORK (data dirs n1..n3 and logs n1.log..), PIDS (node i is
-# PIDS[i-1]), ENDPOINTS (the client addresses) and LEADER. An EXIT trap stops
+# PIDS[i-1]), ENDPOINTS (the client addresses) and LEADER;
+# local_cluster_node restarts a node. An EXIT trap stops
 # the nodes and removes both dirs.
 
 # json_num KEY: the first number for "KEY" in the JSON on stdin.
@@ -19,6 +20,17 @@ local_cluster_stop() {
     for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2> /dev/null || true; done
     for pid in "${PIDS[@]}"; do wait "$pid" 2> /dev/null || true; done
     rm -rf "$WORK" "$RING_DIR"
+}
+
+# local_cluster_node I [flags...]: (re)starts node I with the cluster's
+# serve flags (appending to its log), as PIDS[I-1].
+local_cluster_node() {
+    local i=$1
+    shift
+    RUST_LOG=${RUST_LOG:-warn} "$BIN" serve --id "$i" --data-dir "$WORK/n$i" --ring-dir "$RING_DIR" \
+        --listen "127.0.0.1:$((CLUSTER_BASE + i))" --client "127.0.0.1:$((CLUSTER_BASE + 10 + i))" \
+        --peers "$CLUSTER_PEERS" --fabric tcp "${SERVE_ARGS[@]}" "$@" >> "$WORK/n$i.log" 2>&1 &
+    PIDS[i - 1]=$!
 }
 
 local_cluster_start() {
@@ -35,13 +47,12 @@ local_cluster_start() {
         peers+="${peers:+,}$i=127.0.0.1:$((base + i))"
         ENDPOINTS+="${ENDPOINTS:+,}127.0.0.1:$((base + 10 + i))"
     done
+    SERVE_ARGS=("$@")
+    CLUSTER_BASE=$base CLUSTER_PEERS=$peers
     for i in 1 2 3; do
         boot=()
         [[ $i == 1 ]] && boot=(--bootstrap)
-        RUST_LOG=warn "$BIN" serve --id "$i" --data-dir "$WORK/n$i" --ring-dir "$RING_DIR" \
-            --listen "127.0.0.1:$((base + i))" --client "127.0.0.1:$((base + 10 + i))" \
-            --peers "$peers" --fabric tcp "$@" "${boot[@]}" > "$WORK/n$i.log" 2>&1 &
-        PIDS+=($!)
+        local_cluster_node "$i" "${boot[@]}"
     done
     LEADER=""
     for _ in $(seq 150); do

@@ -21,6 +21,16 @@ use crate::proto::{
 /// Largest message the client sends or accepts (the daemon's limit too).
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
+/// The pause after the first round of endpoints that all failed, doubled
+/// after each further round up to [`MAX_BACKOFF`]. Short: a node that
+/// cannot reach the leader holds a forwarded call until a new one is known
+/// (a failover takes tens of milliseconds), so a round fails only while no
+/// node at all can answer, and a long first pause would be added whole to
+/// the client's wait.
+const FIRST_BACKOFF: Duration = Duration::from_millis(5);
+/// The longest pause between rounds.
+const MAX_BACKOFF: Duration = Duration::from_millis(250);
+
 /// Bytes of an Append request besides its records, at most: `client_id`
 /// and `first_seq`, a tag and a varint of up to 10 bytes each.
 const APPEND_FIXED_BYTES: usize = 2 * (1 + 10);
@@ -182,7 +192,7 @@ impl Client {
         let deadline = tokio::time::Instant::now() + self.deadline;
         let mut last = String::new();
         let mut tried = 0;
-        let mut backoff = Duration::from_millis(20);
+        let mut backoff = FIRST_BACKOFF;
         loop {
             for step in 0..self.endpoints.len() {
                 let k = (self.preferred + step) % self.endpoints.len();
@@ -216,7 +226,7 @@ impl Client {
                 return Err(ClientError::Unavailable { tried, last });
             }
             tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_millis(500));
+            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
 

@@ -125,4 +125,13 @@ pub struct Metrics {
     pub fenced_writes: Counter,
     /// Bytes WRITTEN one-sided into followers' rings.
     pub bytes_written: Counter,
+    /// Leaders this node found gone through the fabric: their connection
+    /// ended and their address refused a probe ([`crate::Node`]'s fast
+    /// failover).
+    pub dead_leaders: Counter,
+    /// Elections this node started at once on such a finding.
+    pub fast_elections: Counter,
+    /// Control-plane requests this node's server took from its peers
+    /// (appends and heartbeats, votes, grants, forwarded calls).
+    pub requests_served: Counter,
 }

@@ -67,6 +67,12 @@ pub struct ServeArgs {
     /// Heartbeat interval in ms.
     #[arg(long)]
     pub heartbeat_ms: Option<u64>,
+    /// Replace a leader at once when the fabric confirms it is gone (its
+    /// connection ended, its address refuses connections): true (default)
+    /// or false. Set false where the network between the nodes may forge
+    /// TCP resets (lease reads assume it does not).
+    #[arg(long)]
+    pub fast_failover: Option<bool>,
     /// rdma queue pairs: transport retries before a request fails (0..=6;
     /// default 6). With --rdma-ack-timeout-exp it bounds how long the device
     /// keeps resending a request nobody acknowledges.
@@ -111,6 +117,7 @@ struct FileConfig {
     log_format: Option<String>,
     election_timeout_ms: Option<String>,
     heartbeat_ms: Option<u64>,
+    fast_failover: Option<bool>,
     rdma_retry_count: Option<u8>,
     rdma_ack_timeout_exp: Option<u8>,
     retain_bytes: Option<String>,
@@ -153,6 +160,7 @@ pub struct Config {
     pub json_logs: bool,
     pub election_timeout_ms: (u64, u64),
     pub heartbeat_ms: u64,
+    pub fast_failover: bool,
     /// The rdma queue pairs' retry count and ACK timeout exponent.
     pub rdma_retry: RdmaRetry,
     pub retain_bytes: Option<u64>,
@@ -272,6 +280,7 @@ impl ServeArgs {
             json_logs,
             election_timeout_ms,
             heartbeat_ms,
+            fast_failover: self.fast_failover.or(file.fast_failover).unwrap_or(true),
             rdma_retry,
             retain_bytes,
             retain_age,

@@ -123,6 +123,18 @@ fn data_plane_gauges(registry: &mut Registry, node: &Node) {
     );
     gauge(
         registry,
+        "dead_leaders",
+        "Leaders found gone through the fabric (connection ended, address refused)",
+        m.dead_leaders.get() as i64,
+    );
+    gauge(
+        registry,
+        "fast_elections",
+        "Elections started at once on finding the leader gone",
+        m.fast_elections.get() as i64,
+    );
+    gauge(
+        registry,
         "fenced_writes",
         "WRITEs refused because this leader was fenced out",
         m.fenced_writes.get() as i64,

@@ -43,6 +43,7 @@ fn node_config(config: &Config) -> NodeConfig {
     node_config.max_record_bytes = config.max_record + 256;
     node_config.election_timeout_ms = config.election_timeout_ms;
     node_config.heartbeat_ms = config.heartbeat_ms;
+    node_config.fast_failover = config.fast_failover;
     node_config.conn.retry_count = config.rdma_retry.retry_count;
     node_config.conn.rnr_retry = config.rdma_retry.retry_count;
     node_config.conn.ack_timeout_exp = config.rdma_retry.ack_timeout_exp;

@@ -106,9 +106,24 @@ pub struct NodeConfig {
     /// flight). Zero (the default): a flush takes no simulated time.
     /// Ignored with [`IoMode::Threads`].
     pub simulated_flush_latency: Duration,
+    /// Replace a leader at once when the fabric confirms it is gone (its
+    /// connection to this node ended and nothing listens at its address
+    /// any more), instead of after its lease and an election timeout
+    /// ([`super::failover`]). Default on. Turn it off where the network
+    /// between the nodes may forge TCP resets (an `iptables REJECT
+    /// --reject-with tcp-reset` rule): a forged refusal would end a live
+    /// leader's lease early, and lease reads assume it cannot.
+    pub fast_failover: bool,
 }
 
 impl NodeConfig {
+    /// How long a proposal waits for a leader to become writable, or for
+    /// a leader to be known: three of the largest election timeouts (a
+    /// lease and an election fit).
+    pub(crate) fn lease_patience(&self) -> Duration {
+        Duration::from_millis(self.election_timeout_ms.1.saturating_mul(3))
+    }
+
     /// A configuration with defaults: memory durability, 64 MiB ring in
     /// `/dev/shm`, 1 MiB records, 150..300 ms elections, 50 ms heartbeats.
     pub fn new(id: u64, data_dir: impl Into<PathBuf>, listen: impl Into<String>) -> NodeConfig {
@@ -137,6 +152,7 @@ impl NodeConfig {
             seed: None,
             io: IoMode::Threads,
             simulated_flush_latency: Duration::ZERO,
+            fast_failover: true,
         }
     }
 }

@@ -21,7 +21,8 @@
 //!
 //! Owns the [`Node`] handle and what it holds ([`Inner`]); each job lives
 //! in a module of its own: `config`, `error`, `start` (the builder),
-//! `propose`, `links` (the links forwarded calls take), `read`,
+//! `propose`, `links` (the links forwarded calls take), `failover` (a
+//! leader the fabric finds gone is replaced at once), `read`,
 //! `retention`, `membership`, `status`. It must
 //! never hold the protocol logic itself: that is openraft's, the log
 //! store's and the network's.
@@ -40,6 +41,7 @@ use crate::types::Raft;
 
 mod config;
 mod error;
+mod failover;
 mod links;
 mod membership;
 mod propose;
@@ -48,6 +50,7 @@ mod retention;
 mod start;
 mod status;
 
+pub(crate) use failover::LostPeers;
 pub(crate) use propose::propose_here;
 
 pub use config::{Fabric, NodeConfig, ReadConsistency};

@@ -27,12 +27,39 @@ const FORWARD_ATTEMPTS: usize = 20;
 /// [`Fatal`](openraft::error::Fatal) when Raft stopped. Each command's own
 /// outcome is in the vector; on a node that does not lead, every one is
 /// `ForwardToLeader`.
+///
+/// A leader refuses writes until a quorum acked it in its term (openraft's
+/// `LeaseExpired`), a moment after its election: this asks for a heartbeat
+/// round and waits for the acks first, for up to `patience`, so that a
+/// leader elected a moment ago takes the proposal as soon as it can instead
+/// of sending it round the cluster.
 pub(crate) async fn propose_here(
     raft: &Raft,
     admission: &crate::admission::Admission,
     commands: Vec<Command>,
+    patience: Duration,
 ) -> Result<Vec<Result<Response, ClientWriteError<TypeConfig>>>, NodeError> {
     use futures::TryStreamExt;
+    use openraft::async_runtime::WatchReceiver;
+    let writable = |m: &openraft::RaftMetrics<TypeConfig>| {
+        m.state != openraft::ServerState::Leader
+            || m.last_quorum_acked.is_some()
+            || m.membership_config
+                .membership()
+                .voter_ids()
+                .nth(1)
+                .is_none()
+    };
+    if !writable(&raft.metrics().borrow_watched()) {
+        // openraft counts a quorum's ack from heartbeats only, and a new
+        // leader's first comes a heartbeat interval after its election:
+        // ask for one now.
+        let _ = raft.trigger().heartbeat().await;
+        let _ = raft
+            .wait(Some(patience))
+            .metrics(writable, "a leader acked by a quorum")
+            .await;
+    }
     let count = commands.len();
     if count == 0 {
         return Ok(Vec::new());
@@ -59,6 +86,19 @@ pub(crate) async fn propose_here(
         "openraft answers every command of a batch"
     );
     Ok(results)
+}
+
+/// How a call forwarded to the leader ended ([`Node::leader_call`]).
+pub(super) enum Forwarded {
+    /// The leader's answer.
+    Reply(crate::protocol::Reply),
+    /// The leader could not be reached (no connection): nothing was sent.
+    /// The caller may wait for another leader ([`Node::leader_other_than`])
+    /// and send again.
+    Unsent,
+    /// Sent, but the connection failed before the answer: the outcome is
+    /// unknown.
+    Lost(String),
 }
 
 /// session's tag and two varints, the data's length).
@@ -205,9 +245,16 @@ impl Node {
         let mut answered: Vec<Response> = Vec::with_capacity(commands.len());
         let mut last_error = None;
         for _attempt in 0..FORWARD_ATTEMPTS {
+            // Before the proposal: a change while it is answered is seen.
+            let mut metrics = self.inner.raft.metrics();
             let rest = &commands[answered.len()..];
-            let results =
-                propose_here(&self.inner.raft, &self.inner.admission, rest.to_vec()).await?;
+            let results = propose_here(
+                &self.inner.raft,
+                &self.inner.admission,
+                rest.to_vec(),
+                self.inner.config.lease_patience(),
+            )
+            .await?;
             let forward = match results.first() {
                 Some(Err(ClientWriteError::ForwardToLeader(f))) => f.clone(),
                 _ => {
@@ -219,12 +266,16 @@ impl Node {
                 }
             };
             let Some(leader) = forward.leader_id.filter(|l| *l != self.id()) else {
-                // No leader yet (or one just elected here): wait a bit.
+                // No leader yet (or one just elected here): wait until the
+                // core's state moves on (an election ends, say), at most a
+                // heartbeat interval. (Its metrics may still name the old
+                // leader for a moment: they are no condition to wait for.)
                 last_error = Some(NodeError::NotLeader {
                     leader_id: forward.leader_id,
                     leader_addr: forward.leader_node.map(|n| n.addr),
                 });
-                tokio::time::sleep(Duration::from_millis(self.inner.config.heartbeat_ms)).await;
+                let within = Duration::from_millis(self.inner.config.heartbeat_ms);
+                let _ = tokio::time::timeout(within, metrics.changed()).await;
                 continue;
             };
             // Forward the rest in pieces that fit a control message, one
@@ -233,7 +284,29 @@ impl Node {
             while answered.len() < commands.len() {
                 let piece = forward_piece(&commands[answered.len()..]);
                 let request = crate::protocol::Request::Propose(piece.to_vec());
-                match self.leader_call(leader, request).await? {
+                let reply = match self.leader_call(leader, request).await? {
+                    Forwarded::Reply(reply) => reply,
+                    Forwarded::Unsent => {
+                        last_error = Some(NodeError::NotLeader {
+                            leader_id: Some(leader),
+                            leader_addr: None,
+                        });
+                        self.leader_other_than(leader).await;
+                        break;
+                    }
+                    // Sent, and the connection failed before the answer:
+                    // a piece whose every command has a session is sent
+                    // again (the session table answers what was applied;
+                    // the client would retry it the same way), to the
+                    // same leader or, when it is gone, the next one.
+                    Forwarded::Lost(why) if piece.iter().all(|c| c.session.is_some()) => {
+                        tracing::debug!(leader, %why, "a forwarded proposal's answer was lost; sending it again");
+                        last_error = Some(NodeError::Unknown(why));
+                        break;
+                    }
+                    Forwarded::Lost(why) => return Err(NodeError::Unknown(why)),
+                };
+                match reply {
                     crate::protocol::Reply::Proposed(answers) if answers.len() == piece.len() => {
                         let results = answers.into_iter().map(|a| a.map_err(NodeError::Unknown));
                         answered.extend(settled(piece, results)?);
@@ -243,8 +316,7 @@ impl Node {
                             leader_id: Some(leader),
                             leader_addr: None,
                         });
-                        tokio::time::sleep(Duration::from_millis(self.inner.config.heartbeat_ms))
-                            .await;
+                        self.leader_other_than(leader).await;
                         break;
                     }
                     other => {
@@ -269,7 +341,7 @@ impl Node {
         &self,
         leader: u64,
         request: crate::protocol::Request,
-    ) -> Result<crate::protocol::Reply, NodeError> {
+    ) -> Result<Forwarded, NodeError> {
         let addr = self
             .status()
             .members
@@ -288,8 +360,33 @@ impl Node {
         }
         let (_, net) = link.as_mut().expect("just set");
         let ttl = Duration::from_millis(self.inner.config.election_timeout_ms.1 * 10);
-        net.call(request, ttl)
-            .await
-            .map_err(|f| NodeError::Unknown(format!("forwarding to the leader {leader}: {f}")))
+        Ok(match net.call(request, ttl).await {
+            Ok(reply) => Forwarded::Reply(reply),
+            Err(crate::network::ReplicationError::Unreachable { why, .. }) => {
+                tracing::debug!(leader, %why, "the leader is unreachable");
+                Forwarded::Unsent
+            }
+            Err(f) => Forwarded::Lost(format!("forwarding to the leader {leader}: {f}")),
+        })
+    }
+
+    /// Waits until this node knows a leader other than `gone`, for at most
+    /// three of the largest election timeouts (a lease and an election
+    /// fit); returns at once when it already does. A forwarded call to a
+    /// leader that cannot be reached (or that no longer leads) waits here
+    /// instead of failing or sleeping a fixed time: the client's retry
+    /// would only find the same leader again, and a fast failover
+    /// ([`super::failover`]) takes milliseconds.
+    pub(super) async fn leader_other_than(&self, gone: u64) {
+        let wait = self.inner.config.lease_patience();
+        let _ = self
+            .inner
+            .raft
+            .wait(Some(wait))
+            .metrics(
+                |m| m.current_leader.is_some_and(|l| l != gone),
+                "a leader other than the unreachable one",
+            )
+            .await;
     }
 }

@@ -10,6 +10,7 @@ use openraft::ReadPolicy;
 use openraft::error::RaftError;
 
 use super::error::raft_error;
+use super::propose::Forwarded;
 use super::{Node, NodeError, ReadConsistency};
 use crate::state_machine::StateMachine;
 use crate::types::Command;
@@ -53,46 +54,71 @@ impl Node {
             ReadConsistency::Lease => Some(ReadPolicy::LeaseRead),
         };
         if let Some(policy) = policy {
-            match self.inner.raft.ensure_linearizable(policy.clone()).await {
-                Ok(_) => {}
-                Err(RaftError::APIError(
-                    openraft::error::LinearizableReadError::ForwardToLeader(fwd),
-                )) => {
-                    // A follower: the leader confirms its leadership and
-                    // gives its read index; the read is served here once
-                    // this node applied that far.
-                    let leader =
-                        fwd.leader_id
-                            .filter(|l| *l != self.id())
-                            .ok_or(NodeError::NotLeader {
-                                leader_id: fwd.leader_id,
-                                leader_addr: None,
-                            })?;
-                    let lease = policy == ReadPolicy::LeaseRead;
-                    match self
-                        .leader_call(leader, crate::protocol::Request::ReadIndex { lease })
-                        .await?
-                    {
-                        crate::protocol::Reply::ReadIndex(index) => {
-                            let timeout =
-                                Duration::from_millis(self.inner.config.election_timeout_ms.1 * 10);
-                            self.wait_applied(index, timeout).await?;
-                        }
-                        crate::protocol::Reply::NotLeader(l) => {
-                            return Err(NodeError::NotLeader {
-                                leader_id: l,
-                                leader_addr: None,
-                            });
-                        }
-                        other => {
-                            return Err(NodeError::Raft(format!("unexpected answer {other:?}")));
-                        }
-                    }
-                }
-                Err(other) => return Err(raft_error(other)),
-            }
+            self.confirm_read(policy).await?;
         }
         Ok(self.inner.sm.read(f).await)
+    }
+
+    /// Makes a read at `policy` safe here: on the leader, openraft confirms
+    /// its leadership (or its lease); on a follower, the leader does and
+    /// gives its read index, and this waits until it applied that far. A
+    /// leader that cannot be reached is waited out ([`Node::leader_other_than`])
+    /// a few times.
+    async fn confirm_read(&self, policy: ReadPolicy) -> Result<(), NodeError> {
+        const ATTEMPTS: usize = 3;
+        let mut unreachable = None;
+        for _ in 0..ATTEMPTS {
+            let fwd = match self.inner.raft.ensure_linearizable(policy.clone()).await {
+                Ok(_) => return Ok(()),
+                Err(RaftError::APIError(
+                    openraft::error::LinearizableReadError::ForwardToLeader(fwd),
+                )) => fwd,
+                Err(other) => return Err(raft_error(other)),
+            };
+            let leader = fwd
+                .leader_id
+                .filter(|l| *l != self.id())
+                .ok_or(NodeError::NotLeader {
+                    leader_id: fwd.leader_id,
+                    leader_addr: None,
+                })?;
+            let lease = policy == ReadPolicy::LeaseRead;
+            let request = crate::protocol::Request::ReadIndex { lease };
+            let reply = match self.leader_call(leader, request).await? {
+                Forwarded::Reply(reply) => reply,
+                Forwarded::Unsent => {
+                    unreachable = Some(leader);
+                    self.leader_other_than(leader).await;
+                    continue;
+                }
+                // A read index asks for nothing to be written: ask again.
+                Forwarded::Lost(why) => {
+                    tracing::debug!(leader, %why, "a read index's answer was lost; asking again");
+                    unreachable = Some(leader);
+                    continue;
+                }
+            };
+            match reply {
+                crate::protocol::Reply::ReadIndex(index) => {
+                    let timeout =
+                        Duration::from_millis(self.inner.config.election_timeout_ms.1 * 10);
+                    return self.wait_applied(index, timeout).await;
+                }
+                crate::protocol::Reply::NotLeader(l) => {
+                    return Err(NodeError::NotLeader {
+                        leader_id: l,
+                        leader_addr: None,
+                    });
+                }
+                other => {
+                    return Err(NodeError::Raft(format!("unexpected answer {other:?}")));
+                }
+            }
+        }
+        Err(NodeError::NotLeader {
+            leader_id: unreachable,
+            leader_addr: None,
+        })
     }
 
     /// Waits until this node applied at least `index`.

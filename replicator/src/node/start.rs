@@ -127,7 +127,32 @@ impl NodeBuilder {
         )
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
-        let mut tasks = spawn_tasks(listener, &raft, &storage, hooks, &seeds);
+        let (lost, lost_rx) = super::failover::lost_peers();
+        let server_ctx = ServerCtx {
+            raft: raft.clone(),
+            store: storage.store.clone(),
+            ring: storage.ring.clone(),
+            hooks,
+            admission: storage.admission.clone(),
+            seeds: seeds.clone(),
+            next_connection: std::sync::atomic::AtomicU64::new(1),
+            lost,
+            lease_patience: config.lease_patience(),
+            metrics: metrics.clone(),
+        };
+        let mut tasks = spawn_tasks(listener, server_ctx, &raft, &storage, &seeds);
+        if config.fast_failover {
+            let watcher = super::failover::Watcher {
+                id: config.id,
+                raft: raft.clone(),
+                device: device.clone(),
+                store: storage.store.clone(),
+                metrics: metrics.clone(),
+                turn: Duration::from_millis(config.heartbeat_ms),
+                probe_timeout: Duration::from_millis(config.election_timeout_ms.0),
+            };
+            tasks.push(rt::spawn(&seeds, watcher.run(lost_rx)));
+        }
         tracing::info!(
             node = config.id,
             listen = %listen_addr,
@@ -349,27 +374,17 @@ fn raft_config(config: &NodeConfig) -> Result<openraft::Config, NodeError> {
     .map_err(|e| NodeError::Config(e.to_string()))
 }
 
-/// Spawns the follower-side server on `listener`, the admission waker and,
-/// when this node may not vote yet, the task that lets it again.
+/// Spawns the follower-side server on `listener` with `ctx`, the
+/// admission waker and, when this node may not vote yet, the task that
+/// lets it again.
 fn spawn_tasks(
     listener: ringraft_transport::Listener,
+    ctx: ServerCtx,
     raft: &Raft,
     storage: &Storage,
-    hooks: Option<crate::hooks::Hooks>,
     seeds: &Arc<Seeds>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    let server = server::spawn(
-        listener,
-        Arc::new(ServerCtx {
-            raft: raft.clone(),
-            store: storage.store.clone(),
-            ring: storage.ring.clone(),
-            hooks,
-            admission: storage.admission.clone(),
-            seeds: seeds.clone(),
-            next_connection: std::sync::atomic::AtomicU64::new(1),
-        }),
-    );
+    let server = server::spawn(listener, Arc::new(ctx));
     let pressure = rt::spawn(
         seeds,
         wake_admission_on_change(raft.clone(), storage.admission.clone()),

@@ -47,6 +47,14 @@ pub struct ServerCtx {
     /// per node, so that the names do not depend on what else ran in the
     /// process.
     pub next_connection: std::sync::atomic::AtomicU64,
+    /// Told of each peer whose connection ended without this side closing
+    /// it (the node's fast failover, `node::failover`).
+    pub(crate) lost: crate::node::LostPeers,
+    /// How long a forwarded proposal waits for this leader to become
+    /// writable (`NodeConfig::lease_patience`).
+    pub(crate) lease_patience: std::time::Duration,
+    /// The node's metrics (requests served).
+    pub(crate) metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Serves `listener` until it closes, then waits for its connections.
@@ -86,6 +94,7 @@ async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
             biased;
             reply = pipeline.next_reply(), if pipeline.busy() => {
                 if !send_reply(&conn, &reply).await {
+                    ctx.lost.report(peer);
                     return;
                 }
                 continue;
@@ -95,8 +104,12 @@ async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
         let bytes = match received {
             Ok(Received::Message(bytes)) => bytes,
             Ok(Received::WriteImmediate(_)) => continue,
-            Err(_) => return,
+            Err(_) => {
+                ctx.lost.report(peer);
+                return;
+            }
         };
+        ctx.metrics.requests_served.inc();
         let request = match decode::<Request>(&bytes) {
             Ok(request) => request,
             Err(e) => {
@@ -116,11 +129,13 @@ async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
         while pipeline.busy() {
             let reply = pipeline.next_reply().await;
             if !send_reply(&conn, &reply).await {
+                ctx.lost.report(peer);
                 return;
             }
         }
         let reply = handle(&mut acceptor, request, conn_id, &ctx).await;
         if !send_reply(&conn, &reply).await {
+            ctx.lost.report(peer);
             return;
         }
     }
@@ -337,7 +352,7 @@ async fn read_index(ctx: &ServerCtx, lease: bool) -> Reply {
 /// (`node::propose_here`); answers each in order.
 async fn propose(ctx: &ServerCtx, commands: Vec<crate::types::Command>) -> Reply {
     let count = commands.len();
-    match crate::node::propose_here(&ctx.raft, &ctx.admission, commands).await {
+    match crate::node::propose_here(&ctx.raft, &ctx.admission, commands, ctx.lease_patience).await {
         Err(stopped @ crate::NodeError::Stopped(_)) => Reply::Error(stopped.to_string()),
         // Busy or too large (admission): nothing was proposed.
         Err(refused) => Reply::Proposed(vec![Err(refused.to_string()); count]),
