@@ -2,7 +2,7 @@
 //!
 //! After the handshake the stream carries length-prefixed frames (u32 LE
 //! length, then bincode of a frame, at most ~1 GiB). A reader task decodes
-//! frames into the queue pair; a writer task drains the queue pair's
+//! frames into the queue pair through a buffer; a writer task drains the queue pair's
 //! outgoing frames, batching them into one flush. A malformed frame, a
 //! frame above the limit, or a socket error moves the queue pair to the
 //! error state; it never takes the process down.
@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
@@ -21,6 +21,9 @@ use crate::limits::ConnSlot;
 use crate::soft::conn::{Frame, MAX_FRAME_BYTES, WireOut, wire};
 use crate::soft::{SoftConnection, SoftDevice};
 use crate::types::ConnConfig;
+
+/// The reader's buffer (the writer's is the same size).
+const READ_BUFFER_BYTES: usize = 64 << 10;
 
 fn codec() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<MAX_FRAME_BYTES>()
@@ -97,10 +100,13 @@ fn start(
 }
 
 async fn read_frames(
-    mut stream: tokio::net::tcp::OwnedReadHalf,
+    stream: tokio::net::tcp::OwnedReadHalf,
     incoming: mpsc::UnboundedSender<Frame>,
     peer: String,
 ) {
+    // Buffered: a frame's length and body, and the small frames queued
+    // behind it, come in one read(2) instead of two per frame.
+    let mut stream = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
     let reason = loop {
         let mut len = [0u8; 4];
         if let Err(e) = stream.read_exact(&mut len).await {

@@ -98,8 +98,8 @@ impl Held {
             Frame::Close { .. } if from_frozen || to_frozen || sends_held => Rule::HoldClose,
             Frame::Close { .. } => Rule::Pass,
             // The frozen node's NIC answers; answers to it wait.
-            Frame::Resp { .. } if to_frozen => Rule::HoldAnswer,
-            Frame::Resp { .. } => Rule::Pass,
+            Frame::Resp { .. } | Frame::Ack { .. } if to_frozen => Rule::HoldAnswer,
+            Frame::Resp { .. } | Frame::Ack { .. } => Rule::Pass,
             // The frozen node's application posts nothing.
             Frame::Req { .. } if from_frozen => Rule::HoldRequest,
             Frame::Req { req, .. } if to_frozen && !one_sided(req) => Rule::HoldRequest,
@@ -110,9 +110,7 @@ impl Held {
         };
         // Each held stream keeps its order.
         match rule {
-            Rule::Pass if matches!(frame, Frame::Resp { .. }) && !self.answers.is_empty() => {
-                Rule::HoldAnswer
-            }
+            Rule::Pass if frame.is_answer() && !self.answers.is_empty() => Rule::HoldAnswer,
             Rule::Pass if matches!(frame, Frame::Req { .. }) && !self.requests.is_empty() => {
                 Rule::HoldRequest
             }

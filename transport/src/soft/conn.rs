@@ -41,9 +41,23 @@ pub(crate) enum Frame {
         seq: u64,
         result: Result<Done, WcError>,
     },
+    /// A cumulative acknowledgement: every request up to `upto` (in order,
+    /// after those answered before) completed without a result to carry:
+    /// WRITEs and SENDs (`Done::Ok`). One frame for a burst of them
+    /// instead of one answer each.
+    Ack {
+        upto: u64,
+    },
     Close {
         reason: String,
     },
+}
+
+impl Frame {
+    /// An answer to requests (a response or a cumulative acknowledgement).
+    pub(crate) fn is_answer(&self) -> bool {
+        matches!(self, Frame::Resp { .. } | Frame::Ack { .. })
+    }
 }
 
 /// Largest frame on the wire: the largest transfer plus headers.
@@ -139,6 +153,8 @@ pub(crate) fn wire() -> (Wire, WireOut, mpsc::UnboundedSender<Frame>) {
 struct Pending {
     seq: u64,
     deadline: Instant,
+    /// A WRITE or a SEND: a cumulative acknowledgement may complete it.
+    acked: bool,
     done: oneshot::Sender<Result<Done, WcError>>,
 }
 
@@ -242,6 +258,7 @@ impl SoftConn {
         requester.queue.push_back(Pending {
             seq,
             deadline: Instant::now() + s.config.op_deadline(),
+            acked: matches!(req, Request::Write { .. } | Request::Send { .. }),
             done,
         });
         // Under the lock: frames leave in sequence order.
@@ -388,6 +405,42 @@ impl Shared {
         }
     }
 
+    /// Completes the outstanding requests up to `upto` with `Done::Ok` (a
+    /// cumulative acknowledgement). It must cover at least the oldest, and
+    /// only WRITEs and SENDs: anything else is a protocol error.
+    fn complete_upto(&self, upto: u64) {
+        let mut completed = Vec::new();
+        let violation = {
+            let mut requester = self.requester.lock().expect("requester lock");
+            loop {
+                match requester.queue.front() {
+                    Some(p) if p.seq <= upto && p.acked => {
+                        completed.push(requester.queue.pop_front().expect("front"));
+                    }
+                    Some(p) if p.seq <= upto => {
+                        break Some(format!(
+                            "an acknowledgement up to {upto} covers request {} that returns a result",
+                            p.seq
+                        ));
+                    }
+                    _ => break None,
+                }
+            }
+        };
+        let violation = violation.or_else(|| {
+            (completed.last().map(|p| p.seq) != Some(upto))
+                .then(|| format!("an acknowledgement up to {upto} out of order"))
+        });
+        for pending in completed {
+            let _ = pending.done.send(Ok(Done::Ok));
+        }
+        if let Some(violation) = violation
+            && self.error.lock().expect("state lock").is_none()
+        {
+            self.fail(format!("protocol: {violation}"), None);
+        }
+    }
+
     /// Waits until a receive is posted, as long as the peer's
     /// receiver-not-ready retries allow. True when one was consumed.
     async fn take_receive(&self) -> bool {
@@ -438,6 +491,7 @@ async fn dispatch(
     while let Some(frame) = incoming.recv().await {
         match frame {
             Frame::Resp { seq, result } => shared.complete(seq, result),
+            Frame::Ack { upto } => shared.complete_upto(upto),
             Frame::Req { seq, req } => {
                 if shared.backlog.fetch_add(1, Ordering::AcqRel) >= REQUEST_BACKLOG {
                     shared.fail("protocol: the peer floods requests".into(), None);
@@ -459,15 +513,40 @@ async fn dispatch(
 }
 
 /// Executes the peer's requests in order and answers them.
+///
+/// Successful WRITEs and SENDs are acknowledged together: the answer of a
+/// burst of them is one cumulative [`Frame::Ack`], sent once no request is
+/// waiting behind them, before any other answer, and before a SEND's
+/// message is delivered (so that an application reacting to it cannot
+/// overtake its acknowledgement).
 async fn respond(
     shared: Arc<Shared>,
     mut requests: mpsc::UnboundedReceiver<Inbound>,
     responses: mpsc::Sender<Frame>,
 ) {
-    while let Some(inbound) = requests.recv().await {
+    // The last request acknowledged but not yet told.
+    let mut unacked: Option<u64> = None;
+    loop {
+        let inbound = match requests.try_recv() {
+            Ok(inbound) => inbound,
+            Err(_) => {
+                if let Some(upto) = unacked.take()
+                    && responses.send(Frame::Ack { upto }).await.is_err()
+                {
+                    break;
+                }
+                match requests.recv().await {
+                    Some(inbound) => inbound,
+                    None => break,
+                }
+            }
+        };
         let (seq, req) = match inbound {
             Inbound::Request(seq, req) => (seq, req),
             Inbound::Close(reason) => {
+                if let Some(upto) = unacked.take() {
+                    let _ = responses.send(Frame::Ack { upto }).await;
+                }
                 shared.fail(format!("closed by the peer: {reason}"), None);
                 break;
             }
@@ -475,7 +554,11 @@ async fn respond(
         shared.backlog.fetch_sub(1, Ordering::AcqRel);
         if shared.error.lock().expect("state lock").is_some() {
             // A queue pair in the error state executes nothing more: what
-            // arrives on it is dropped, as a NIC drops it.
+            // arrives on it is dropped, as a NIC drops it (what it executed
+            // before is still acknowledged).
+            if let Some(upto) = unacked.take() {
+                let _ = responses.send(Frame::Ack { upto }).await;
+            }
             break;
         }
         let access = Access::from_bits_truncate(shared.qp_access.load(Ordering::Acquire));
@@ -517,8 +600,25 @@ async fn respond(
             }
             _ => (shared.nic.execute(&req, access), None),
         };
-        if responses.send(Frame::Resp { seq, result }).await.is_err() {
-            break;
+        let answer = match result {
+            Ok(Done::Ok) if matches!(req, Request::Write { .. } | Request::Send { .. }) => {
+                unacked = Some(seq);
+                // Told now only when a message is delivered with it.
+                deliver.is_some().then_some(Frame::Ack { upto: seq })
+            }
+            result => Some(Frame::Resp { seq, result }),
+        };
+        if let Some(answer) = answer {
+            // What was acknowledged before goes first (in order).
+            if let Some(upto) = unacked.take()
+                && upto < seq
+                && responses.send(Frame::Ack { upto }).await.is_err()
+            {
+                break;
+            }
+            if responses.send(answer).await.is_err() {
+                break;
+            }
         }
         if let Some(message) = deliver {
             shared.deliver(message);
@@ -572,5 +672,137 @@ async fn watchdog(shared: std::sync::Weak<Shared>) {
                 tokio::time::sleep_until(deadline).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entropy::Entropy;
+    use crate::types::DeviceLimits;
+
+    /// A queue pair over bare channels, the test playing its peer: the
+    /// queue pair, what it sends to the peer, and the peer's frames to it.
+    fn qp(mem: &mut [u64]) -> (SoftConn, WireOut, mpsc::UnboundedSender<Frame>, u64, u32) {
+        let nic = Arc::new(SoftNic::new(
+            DeviceLimits::default(),
+            Arc::new(Entropy::os()),
+        ));
+        let addr = mem.as_mut_ptr() as u64;
+        let rkey = nic
+            .register(
+                addr,
+                size_of_val(mem) as u64,
+                Access::ALL_REMOTE | Access::LOCAL_WRITE,
+            )
+            .unwrap();
+        let (wire, out, to_qp) = wire();
+        let config = ConnConfig::default();
+        let endpoint = SoftEndpoint::of(&config);
+        let conn = SoftConn::start(nic, "peer".into(), config, endpoint, wire);
+        (conn, out, to_qp, addr, rkey)
+    }
+
+    fn write(seq: u64, addr: u64, rkey: u32) -> Frame {
+        Frame::Req {
+            seq,
+            req: Request::Write {
+                addr,
+                rkey,
+                data: vec![seq as u8; 8],
+                imm: None,
+            },
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_writes_and_its_send_are_answered_with_one_acknowledgement() {
+        let mut mem = vec![0u64; 4];
+        let (conn, mut out, to_qp, addr, rkey) = qp(&mut mem);
+        // Queued together, as they arrive in one read of the wire.
+        for seq in 0..3 {
+            to_qp.send(write(seq, addr + 8 * seq, rkey)).unwrap();
+        }
+        to_qp
+            .send(Frame::Req {
+                seq: 3,
+                req: Request::Send {
+                    data: b"meta".to_vec(),
+                },
+            })
+            .unwrap();
+        assert_eq!(out.responses.recv().await, Some(Frame::Ack { upto: 3 }));
+        assert_eq!(
+            conn.recv().await.unwrap(),
+            Received::Message(b"meta".to_vec())
+        );
+        assert!(out.responses.try_recv().is_err(), "no answer per request");
+        assert_eq!(mem[..3], [0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acknowledged_writes_go_before_a_result_and_an_error() {
+        let mut mem = vec![0u64; 4];
+        let (_conn, mut out, to_qp, addr, rkey) = qp(&mut mem);
+        to_qp.send(write(0, addr, rkey)).unwrap();
+        to_qp
+            .send(Frame::Req {
+                seq: 1,
+                req: Request::Read { addr, rkey, len: 8 },
+            })
+            .unwrap();
+        to_qp.send(write(2, addr, rkey.wrapping_add(1))).unwrap();
+        assert_eq!(out.responses.recv().await, Some(Frame::Ack { upto: 0 }));
+        assert_eq!(
+            out.responses.recv().await,
+            Some(Frame::Resp {
+                seq: 1,
+                result: Ok(Done::Data(vec![0; 8]))
+            })
+        );
+        assert_eq!(
+            out.responses.recv().await,
+            Some(Frame::Resp {
+                seq: 2,
+                result: Err(WcError::RemoteAccess)
+            }),
+            "a refused WRITE reports its own error"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_acknowledgement_completes_writes_and_sends_in_order_and_nothing_else() {
+        let mut mem = vec![0u64; 4];
+        let (conn, _out, to_qp, addr, rkey) = qp(&mut mem);
+        let remote = |off: u64| (addr + off, rkey);
+        let w0 = conn
+            .post(Request::Write {
+                addr: remote(0).0,
+                rkey,
+                data: vec![1],
+                imm: None,
+            })
+            .unwrap();
+        let s1 = conn.post(Request::Send { data: vec![2] }).unwrap();
+        let r2 = conn
+            .post(Request::Read {
+                addr: remote(8).0,
+                rkey,
+                len: 8,
+            })
+            .unwrap();
+        to_qp.send(Frame::Ack { upto: 1 }).unwrap();
+        assert_eq!(w0.await.unwrap(), Ok(Done::Ok));
+        assert_eq!(s1.await.unwrap(), Ok(Done::Ok));
+        // An acknowledgement cannot answer a READ: the peer broke the
+        // protocol, and the queue pair fails.
+        to_qp.send(Frame::Ack { upto: 2 }).unwrap();
+        assert_eq!(r2.await.unwrap(), Err(WcError::Flushed));
+        assert!(
+            conn.broken()
+                .is_some_and(|cause| cause.contains("returns a result")),
+            "{:?}",
+            conn.broken()
+        );
     }
 }
