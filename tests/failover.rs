@@ -168,3 +168,30 @@ fn a_leader_cut_off_is_replaced_only_by_an_ordinary_election() {
             .expect("a commit");
     });
 }
+
+#[test]
+fn a_proposal_forwarded_across_the_death_waits_for_the_next_leader() {
+    runtime().block_on(async {
+        let mut c = cluster(true).await;
+        let leader = c.leader().await;
+        c.propose(b"before".to_vec(), PATIENCE).await.expect("a commit");
+        let follower = c.follower_of(leader);
+        let node = c.node(follower).clone();
+        let heartbeat = Duration::from_millis(c.members[&follower].config.heartbeat_ms);
+        let stopped = Instant::now();
+        c.stop(leader).await;
+        // Sent at once, to a follower whose leader is gone: it waits for
+        // the next leader instead of failing (the old leader refuses
+        // connections), and that leader takes it without waiting for a
+        // heartbeat interval.
+        let answer = node.propose(b"across".to_vec()).await;
+        let took = stopped.elapsed();
+        println!("stop -> forwarded proposal committed: {took:?} (virtual)");
+        let (index, _) = answer.expect("committed through the next leader");
+        assert!(index > 0);
+        assert!(
+            took < heartbeat,
+            "{took:?}: the next leader took the proposal only after a heartbeat interval ({heartbeat:?})"
+        );
+    });
+}
