@@ -7,13 +7,16 @@
 
 use std::time::{Duration, Instant};
 
-use openraft::error::ClientWriteError;
+use openraft::error::{ClientWriteError, ForwardReason};
 
 use super::{Node, NodeError};
 use crate::types::{Command, Raft, Response, Session, TypeConfig};
 
 /// Attempts of a proposal through leader changes.
 const FORWARD_ATTEMPTS: usize = 20;
+/// How soon a proposal refused by a leader without a quorum's ack yet
+/// (`LeaseExpired`) is tried again.
+const LEASE_POLL: Duration = Duration::from_millis(1);
 
 /// Proposes `commands` on this node's Raft as one batch and waits for each
 /// answer. The batch reaches the Raft core as one message
@@ -29,37 +32,17 @@ const FORWARD_ATTEMPTS: usize = 20;
 /// `ForwardToLeader`.
 ///
 /// A leader refuses writes until a quorum acked it in its term (openraft's
-/// `LeaseExpired`), a moment after its election: this asks for a heartbeat
-/// round and waits for the acks first, for up to `patience`, so that a
-/// leader elected a moment ago takes the proposal as soon as it can instead
-/// of sending it round the cluster.
+/// `LeaseExpired`): a moment after its election, or while it is cut off.
+/// openraft counts a quorum's ack from heartbeats only, and a new leader's
+/// first comes a heartbeat interval after its election: on such a refusal
+/// this asks for a heartbeat round at once, so that the caller's next try
+/// (a moment later, [`LEASE_POLL`]) finds the leader writable.
 pub(crate) async fn propose_here(
     raft: &Raft,
     admission: &crate::admission::Admission,
     commands: Vec<Command>,
-    patience: Duration,
 ) -> Result<Vec<Result<Response, ClientWriteError<TypeConfig>>>, NodeError> {
     use futures::TryStreamExt;
-    use openraft::async_runtime::WatchReceiver;
-    let writable = |m: &openraft::RaftMetrics<TypeConfig>| {
-        m.state != openraft::ServerState::Leader
-            || m.last_quorum_acked.is_some()
-            || m.membership_config
-                .membership()
-                .voter_ids()
-                .nth(1)
-                .is_none()
-    };
-    if !writable(&raft.metrics().borrow_watched()) {
-        // openraft counts a quorum's ack from heartbeats only, and a new
-        // leader's first comes a heartbeat interval after its election:
-        // ask for one now.
-        let _ = raft.trigger().heartbeat().await;
-        let _ = raft
-            .wait(Some(patience))
-            .metrics(writable, "a leader acked by a quorum")
-            .await;
-    }
     let count = commands.len();
     if count == 0 {
         return Ok(Vec::new());
@@ -67,9 +50,9 @@ pub(crate) async fn propose_here(
     // Backpressure (crate::admission): room in this node's ring first, held
     // until openraft has answered the whole batch.
     let admitted = admission.admit(&commands).await?;
-    let raft = raft.clone();
+    let core = raft.clone();
     let write = async move {
-        let mut answers = raft.client_write_many(commands).await?;
+        let mut answers = core.client_write_many(commands).await?;
         let mut results = Vec::with_capacity(count);
         while let Some(result) = answers.try_next().await? {
             results.push(result.map(|written| written.response));
@@ -85,7 +68,18 @@ pub(crate) async fn propose_here(
         count,
         "openraft answers every command of a batch"
     );
+    if let Some(Err(ClientWriteError::ForwardToLeader(f))) = results.first()
+        && f.reason == ForwardReason::LeaseExpired
+    {
+        let _ = raft.trigger().heartbeat().await;
+    }
     Ok(results)
+}
+
+/// Whether `f` is a leader's refusal for want of a quorum's ack (retry in a
+/// moment: [`propose_here`] asked for the acks).
+fn lease_refusal(f: &openraft::error::ForwardToLeader<TypeConfig>) -> bool {
+    f.reason == ForwardReason::LeaseExpired
 }
 
 /// How a call forwarded to the leader ended ([`Node::leader_call`]).
@@ -244,17 +238,16 @@ impl Node {
     ) -> Result<Vec<Response>, NodeError> {
         let mut answered: Vec<Response> = Vec::with_capacity(commands.len());
         let mut last_error = None;
-        for _attempt in 0..FORWARD_ATTEMPTS {
+        let started = tokio::time::Instant::now();
+        let patience = self.inner.config.lease_patience();
+        let mut attempts = 0;
+        while attempts < FORWARD_ATTEMPTS {
+            attempts += 1;
             // Before the proposal: a change while it is answered is seen.
             let mut metrics = self.inner.raft.metrics();
             let rest = &commands[answered.len()..];
-            let results = propose_here(
-                &self.inner.raft,
-                &self.inner.admission,
-                rest.to_vec(),
-                self.inner.config.lease_patience(),
-            )
-            .await?;
+            let results =
+                propose_here(&self.inner.raft, &self.inner.admission, rest.to_vec()).await?;
             let forward = match results.first() {
                 Some(Err(ClientWriteError::ForwardToLeader(f))) => f.clone(),
                 _ => {
@@ -272,8 +265,15 @@ impl Node {
                 // leader for a moment: they are no condition to wait for.)
                 last_error = Some(NodeError::NotLeader {
                     leader_id: forward.leader_id,
-                    leader_addr: forward.leader_node.map(|n| n.addr),
+                    leader_addr: forward.leader_node.as_ref().map(|n| n.addr.clone()),
                 });
+                if lease_refusal(&forward) && started.elapsed() < patience {
+                    // This node leads and waits for a quorum's ack (asked
+                    // for): again in a moment, not counted as an attempt.
+                    attempts -= 1;
+                    tokio::time::sleep(LEASE_POLL).await;
+                    continue;
+                }
                 let within = Duration::from_millis(self.inner.config.heartbeat_ms);
                 let _ = tokio::time::timeout(within, metrics.changed()).await;
                 continue;
@@ -310,6 +310,18 @@ impl Node {
                     crate::protocol::Reply::Proposed(answers) if answers.len() == piece.len() => {
                         let results = answers.into_iter().map(|a| a.map_err(NodeError::Unknown));
                         answered.extend(settled(piece, results)?);
+                    }
+                    // The leader knows no leader: it waits for a quorum's
+                    // ack (elected a moment ago) or stands for election.
+                    // Again in a moment, within the patience.
+                    crate::protocol::Reply::NotLeader(None) if started.elapsed() < patience => {
+                        last_error = Some(NodeError::NotLeader {
+                            leader_id: Some(leader),
+                            leader_addr: None,
+                        });
+                        attempts -= 1;
+                        tokio::time::sleep(LEASE_POLL).await;
+                        break;
                     }
                     crate::protocol::Reply::NotLeader(_) => {
                         last_error = Some(NodeError::NotLeader {

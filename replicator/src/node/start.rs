@@ -137,7 +137,6 @@ impl NodeBuilder {
             seeds: seeds.clone(),
             next_connection: std::sync::atomic::AtomicU64::new(1),
             lost,
-            lease_patience: config.lease_patience(),
             metrics: metrics.clone(),
         };
         let mut tasks = spawn_tasks(listener, server_ctx, &raft, &storage, &seeds);

@@ -50,9 +50,6 @@ pub struct ServerCtx {
     /// Told of each peer whose connection ended without this side closing
     /// it (the node's fast failover, `node::failover`).
     pub(crate) lost: crate::node::LostPeers,
-    /// How long a forwarded proposal waits for this leader to become
-    /// writable (`NodeConfig::lease_patience`).
-    pub(crate) lease_patience: std::time::Duration,
     /// The node's metrics (requests served).
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
 }
@@ -352,7 +349,7 @@ async fn read_index(ctx: &ServerCtx, lease: bool) -> Reply {
 /// (`node::propose_here`); answers each in order.
 async fn propose(ctx: &ServerCtx, commands: Vec<crate::types::Command>) -> Reply {
     let count = commands.len();
-    match crate::node::propose_here(&ctx.raft, &ctx.admission, commands, ctx.lease_patience).await {
+    match crate::node::propose_here(&ctx.raft, &ctx.admission, commands).await {
         Err(stopped @ crate::NodeError::Stopped(_)) => Reply::Error(stopped.to_string()),
         // Busy or too large (admission): nothing was proposed.
         Err(refused) => Reply::Proposed(vec![Err(refused.to_string()); count]),
