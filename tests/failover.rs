@@ -59,14 +59,20 @@ fn term(c: &Cluster, id: u64) -> u64 {
     c.node(id).status().term
 }
 
-/// Stops the leader; returns the survivors, the new leader and how long
-/// (virtual) the survivors took to agree on it.
-async fn stop_leader(c: &mut Cluster) -> (Vec<u64>, u64, Duration) {
+/// The leader, after one commit, and the other running nodes.
+async fn leader_and_others(c: &Cluster) -> (u64, Vec<u64>) {
     let leader = c.leader().await;
     c.propose(b"before".to_vec(), PATIENCE)
         .await
         .expect("a commit");
-    let survivors: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();
+    let others = c.running().into_iter().filter(|id| *id != leader).collect();
+    (leader, others)
+}
+
+/// Stops the leader; returns the survivors, the new leader and how long
+/// (virtual) the survivors took to agree on it.
+async fn stop_leader(c: &mut Cluster) -> (Vec<u64>, u64, Duration) {
+    let (leader, survivors) = leader_and_others(c).await;
     let stopped = Instant::now();
     c.stop(leader).await;
     let next = c.leader_among(&survivors, PATIENCE).await;
@@ -112,13 +118,9 @@ fn without_fast_failover_the_lease_is_waited_out() {
 fn a_live_leader_whose_connections_drop_keeps_its_term() {
     runtime().block_on(async {
         let c = cluster(true).await;
-        let leader = c.leader().await;
-        c.propose(b"before".to_vec(), PATIENCE)
-            .await
-            .expect("a commit");
+        let (leader, others) = leader_and_others(&c).await;
         let term_before = term(&c, leader);
         let addr = |id: u64| c.members[&id].config.listen.clone();
-        let others: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();
         let mut dropped = 0;
         for id in &others {
             dropped += c.fabric.drop_connections(&addr(leader), &addr(*id));
@@ -141,12 +143,8 @@ fn a_live_leader_whose_connections_drop_keeps_its_term() {
 fn a_leader_cut_off_is_replaced_only_by_an_ordinary_election() {
     runtime().block_on(async {
         let c = cluster(true).await;
-        let leader = c.leader().await;
-        c.propose(b"before".to_vec(), PATIENCE)
-            .await
-            .expect("a commit");
+        let (leader, others) = leader_and_others(&c).await;
         let addr = |id: u64| c.members[&id].config.listen.clone();
-        let others: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();
         let cut = Instant::now();
         let other_addrs: Vec<String> = others.iter().map(|id| addr(*id)).collect();
         let other_refs: Vec<&str> = other_addrs.iter().map(String::as_str).collect();
@@ -173,9 +171,8 @@ fn a_leader_cut_off_is_replaced_only_by_an_ordinary_election() {
 fn a_proposal_forwarded_across_the_death_waits_for_the_next_leader() {
     runtime().block_on(async {
         let mut c = cluster(true).await;
-        let leader = c.leader().await;
-        c.propose(b"before".to_vec(), PATIENCE).await.expect("a commit");
-        let follower = c.follower_of(leader);
+        let (leader, others) = leader_and_others(&c).await;
+        let follower = others[0];
         let node = c.node(follower).clone();
         let heartbeat = Duration::from_millis(c.members[&follower].config.heartbeat_ms);
         let stopped = Instant::now();

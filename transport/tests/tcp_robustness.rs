@@ -20,6 +20,18 @@ fn device(id: u64, limits: DeviceLimits) -> Device {
     })
 }
 
+/// `b` listening on a free loopback port with the suite's configuration,
+/// revealing `secret rkeys`.
+async fn listening(b: &Device) -> Listener {
+    b.listen(
+        "127.0.0.1:0",
+        suite_config(),
+        reveal_to_all(b"secret rkeys".to_vec()),
+    )
+    .await
+    .unwrap()
+}
+
 async fn member_still_connects(listener: &mut Listener, addr: &str) {
     let a = device(1, DeviceLimits::default());
     let conn = a
@@ -99,14 +111,7 @@ async fn garbage_on_the_port_never_takes_the_listener_down() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_tells_a_listening_port_from_a_closed_one() {
     let b = device(2, DeviceLimits::default());
-    let mut listener = b
-        .listen(
-            "127.0.0.1:0",
-            suite_config(),
-            reveal_to_all(b"secret rkeys".to_vec()),
-        )
-        .await
-        .unwrap();
+    let mut listener = listening(&b).await;
     let addr = listener.local_addr();
     let a = device(1, DeviceLimits::default());
     let t = Duration::from_secs(30);
@@ -132,14 +137,7 @@ async fn a_probe_tells_a_listening_port_from_a_closed_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_frame_after_the_handshake_breaks_only_that_connection() {
     let b = device(2, DeviceLimits::default());
-    let mut listener = b
-        .listen(
-            "127.0.0.1:0",
-            suite_config(),
-            reveal_to_all(b"secret rkeys".to_vec()),
-        )
-        .await
-        .unwrap();
+    let mut listener = listening(&b).await;
     let addr = listener.local_addr();
     // A member authenticates by hand on a raw socket...
     let mut raw = TcpStream::connect(&addr).await.unwrap();

@@ -76,12 +76,6 @@ pub(crate) async fn propose_here(
     Ok(results)
 }
 
-/// Whether `f` is a leader's refusal for want of a quorum's ack (retry in a
-/// moment: [`propose_here`] asked for the acks).
-fn lease_refusal(f: &openraft::error::ForwardToLeader<TypeConfig>) -> bool {
-    f.reason == ForwardReason::LeaseExpired
-}
-
 /// How a call forwarded to the leader ended ([`Node::leader_call`]).
 pub(super) enum Forwarded {
     /// The leader's answer.
@@ -267,7 +261,7 @@ impl Node {
                     leader_id: forward.leader_id,
                     leader_addr: forward.leader_node.as_ref().map(|n| n.addr.clone()),
                 });
-                if lease_refusal(&forward) && started.elapsed() < patience {
+                if forward.reason == ForwardReason::LeaseExpired && started.elapsed() < patience {
                     // This node leads and waits for a quorum's ack (asked
                     // for): again in a moment, not counted as an attempt.
                     attempts -= 1;
