@@ -54,7 +54,8 @@ pub mod watch;
 pub use log_store::{Durability, IoMode, LocalGuard, LogStore, RingGuard, WeakLogStore};
 pub use network::ReplicationError;
 pub use node::{
-    Fabric, LogRead, LogRecord, Node, NodeBuilder, NodeConfig, NodeError, ReadConsistency, Status,
+    Fabric, InFlight, LogRead, LogRecord, Node, NodeBuilder, NodeConfig, NodeError,
+    ReadConsistency, Status,
 };
 pub use state_machine::{Applied, SmStore, StateMachine};
 pub use types::{Command, Control, NodeInfo, Response, Session, TypeConfig};

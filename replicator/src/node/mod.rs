@@ -55,6 +55,7 @@ pub(crate) use propose::propose_here;
 
 pub use config::{Fabric, NodeConfig, ReadConsistency};
 pub use error::NodeError;
+pub use propose::InFlight;
 pub use read::{LogRead, LogRecord};
 pub use start::NodeBuilder;
 pub use status::Status;

@@ -5,9 +5,11 @@
 //! Owns the one path by which client commands enter the log; it must never
 //! bypass admission (backpressure) or reorder the commands of a batch.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use openraft::error::{ClientWriteError, ForwardReason};
+use openraft::error::{ClientWriteError, Fatal, ForwardReason};
 
 use super::{Node, NodeError};
 use crate::types::{Command, Raft, Response, Session, TypeConfig};
@@ -24,56 +26,191 @@ const LEASE_POLL: Duration = Duration::from_millis(1);
 /// log entries in this order; proposing them one by one, concurrently, let
 /// them land in any order (issue 10, item 3). The one place where client
 /// commands enter the log: the local write path and the leader's side of a
-/// forwarded proposal (`server.rs`) both come here.
+/// forwarded proposal (`server.rs`) both come here, and pipelined appends
+/// ([`Node::submit_batch`]) through its two halves, [`submit_here`] and
+/// [`Submitted::wait`].
 ///
 /// # Errors
-/// [`Fatal`](openraft::error::Fatal) when Raft stopped. Each command's own
-/// outcome is in the vector; on a node that does not lead, every one is
-/// `ForwardToLeader`.
-///
-/// A leader refuses writes until a quorum acked it in its term (openraft's
-/// `LeaseExpired`): a moment after its election, or while it is cut off.
-/// openraft counts a quorum's ack from heartbeats only, and a new leader's
-/// first comes a heartbeat interval after its election: on such a refusal
-/// this asks for a heartbeat round at once, so that the caller's next try
-/// (a moment later, [`LEASE_POLL`]) finds the leader writable.
+/// Admission's refusals (nothing was proposed), and [`Submitted::wait`]'s.
 pub(crate) async fn propose_here(
     raft: &Raft,
     admission: &crate::admission::Admission,
     commands: Vec<Command>,
-) -> Result<Vec<Result<Response, ClientWriteError<TypeConfig>>>, NodeError> {
+) -> Result<CoreResults, NodeError> {
+    submit_here(raft, admission, commands).await?.wait().await
+}
+
+/// What openraft answers each command of a batch.
+type CoreResults = Vec<Result<Response, ClientWriteError<TypeConfig>>>;
+/// The answers of a batch in openraft's core, pending.
+type CoreWrite = Pin<Box<dyn Future<Output = Result<CoreResults, Fatal<TypeConfig>>> + Send>>;
+
+/// A batch handed to this node's Raft core ([`submit_here`]), its answers
+/// pending.
+pub(crate) struct Submitted {
+    raft: Raft,
+    count: usize,
+    answers: SubmittedAnswers,
+}
+
+enum SubmittedAnswers {
+    /// Still coming, with the ring room held until they came.
+    Pending(crate::admission::During<CoreWrite>),
+    /// The core answered while the batch was handed over (it stopped).
+    Done(Result<CoreResults, Fatal<TypeConfig>>),
+}
+
+/// The first half of [`propose_here`]: waits for room (admission) and
+/// hands `commands` to the Raft core as one batch, returning once the core
+/// holds it, so that a batch handed over next lands behind it in the log
+/// (when this node leads throughout). [`Submitted::wait`] waits for the
+/// answers; the room stays held until they came, even if the
+/// [`Submitted`] is dropped (see [`Admitted::during`](crate::admission::Admitted::during)).
+///
+/// # Errors
+/// As [`propose_here`]: admission's refusals (nothing was proposed).
+pub(crate) async fn submit_here(
+    raft: &Raft,
+    admission: &crate::admission::Admission,
+    commands: Vec<Command>,
+) -> Result<Submitted, NodeError> {
     use futures::TryStreamExt;
     let count = commands.len();
-    if count == 0 {
-        return Ok(Vec::new());
-    }
-    // Backpressure (crate::admission): room in this node's ring first, held
-    // until openraft has answered the whole batch.
     let admitted = admission.admit(&commands).await?;
     let core = raft.clone();
-    let write = async move {
+    let (handed_over, held) = tokio::sync::oneshot::channel::<()>();
+    let write: CoreWrite = Box::pin(async move {
         let mut answers = core.client_write_many(commands).await?;
+        let _ = handed_over.send(());
         let mut results = Vec::with_capacity(count);
         while let Some(result) = answers.try_next().await? {
             results.push(result.map(|written| written.response));
         }
-        Ok::<_, openraft::error::Fatal<TypeConfig>>(results)
+        Ok(results)
+    });
+    let mut write = admitted.during(write);
+    // Polled here until the core holds the batch. The write first: when it
+    // ends at once (the core stopped), it must not be polled again.
+    let answers = tokio::select! {
+        biased;
+        done = &mut write => SubmittedAnswers::Done(done),
+        _ = held => SubmittedAnswers::Pending(write),
     };
-    let results = admitted
-        .during(write)
-        .await
-        .map_err(|fatal| NodeError::Stopped(fatal.to_string()))?;
-    assert_eq!(
-        results.len(),
+    Ok(Submitted {
+        raft: raft.clone(),
         count,
-        "openraft answers every command of a batch"
-    );
-    if let Some(Err(ClientWriteError::ForwardToLeader(f))) = results.first()
-        && f.reason == ForwardReason::LeaseExpired
-    {
-        let _ = raft.trigger().heartbeat().await;
+        answers,
+    })
+}
+
+impl Submitted {
+    /// The core's answer to each command of the batch, in order.
+    ///
+    /// # Errors
+    /// [`NodeError::Stopped`] when Raft stopped. On a node that does not
+    /// lead, every answer is `ForwardToLeader`.
+    ///
+    /// A leader refuses writes until a quorum acked it in its term
+    /// (openraft's `LeaseExpired`): a moment after its election, or while
+    /// it is cut off. openraft counts a quorum's ack from heartbeats only,
+    /// and a new leader's first comes a heartbeat interval after its
+    /// election: on such a refusal this asks for a heartbeat round at once,
+    /// so that the caller's next try (a moment later, [`LEASE_POLL`]) finds
+    /// the leader writable.
+    pub(crate) async fn wait(self) -> Result<CoreResults, NodeError> {
+        let results = match self.answers {
+            SubmittedAnswers::Pending(write) => write.await,
+            SubmittedAnswers::Done(done) => done,
+        }
+        .map_err(|fatal| NodeError::Stopped(fatal.to_string()))?;
+        assert_eq!(
+            results.len(),
+            self.count,
+            "openraft answers every command of a batch"
+        );
+        if let Some(Err(ClientWriteError::ForwardToLeader(f))) = results.first()
+            && f.reason == ForwardReason::LeaseExpired
+        {
+            let _ = self.raft.trigger().heartbeat().await;
+        }
+        Ok(results)
     }
-    Ok(results)
+}
+
+/// The commands of a batch of `records`, record `k` with seq
+/// `session.seq + k`.
+fn commands_of(session: Option<Session>, records: Vec<Vec<u8>>) -> Result<Vec<Command>, NodeError> {
+    if let Some(s) = session
+        && (s.seq < crate::types::FIRST_SEQ || s.seq.checked_add(records.len() as u64).is_none())
+    {
+        return Err(NodeError::Config(format!(
+            "session seqs run from {} to u64::MAX; {} records from seq {} do not fit",
+            crate::types::FIRST_SEQ,
+            records.len(),
+            s.seq
+        )));
+    }
+    Ok(records
+        .into_iter()
+        .zip(0u64..)
+        .map(|(data, k)| Command {
+            session: session.map(|s| Session {
+                client_id: s.client_id,
+                seq: s.seq + k,
+            }),
+            data,
+            control: None,
+        })
+        .collect())
+}
+
+/// A batch submitted by [`Node::submit_batch`], its answers pending.
+#[must_use = "the batch may be in the log; its answers say where"]
+pub struct InFlight {
+    node: Node,
+    commands: Vec<Command>,
+    /// `None` for an empty batch.
+    submitted: Option<Submitted>,
+    started: Instant,
+}
+
+impl InFlight {
+    /// Waits until every record of the batch is committed and applied and
+    /// returns one answer per record, in order, as
+    /// [`Node::propose_batch`] does. A batch this node could not propose
+    /// itself (it did not lead, or no longer does) is proposed now the way
+    /// [`Node::propose_batch`] proposes: here if it leads by now, else
+    /// forwarded to the leader.
+    ///
+    /// # Errors
+    /// As [`Node::propose_batch`].
+    pub async fn answers(self) -> Result<Vec<Response>, NodeError> {
+        let InFlight {
+            node,
+            commands,
+            submitted,
+            started,
+        } = self;
+        let Some(submitted) = submitted else {
+            return Ok(Vec::new());
+        };
+        let _in_flight = node.inner.metrics.proposals_in_flight.track();
+        let results = submitted.wait().await?;
+        let responses = match results.first() {
+            Some(Err(ClientWriteError::ForwardToLeader(_))) => {
+                node.write_anywhere(commands.clone()).await?
+            }
+            _ => {
+                let results = results
+                    .into_iter()
+                    .map(|r| r.map_err(|e| NodeError::Unknown(e.to_string())));
+                settled(&commands, results)?
+            }
+        };
+        node.inner.metrics.commit_latency.observe(started.elapsed());
+        node.inner.metrics.proposals.inc_by(commands.len() as u64);
+        Ok(responses)
+    }
 }
 
 /// How a call forwarded to the leader ended ([`Node::leader_call`]).
@@ -189,29 +326,7 @@ impl Node {
         records: Vec<Vec<u8>>,
     ) -> Result<Vec<Response>, NodeError> {
         let _in_flight = self.inner.metrics.proposals_in_flight.track();
-        if let Some(s) = session
-            && (s.seq < crate::types::FIRST_SEQ
-                || s.seq.checked_add(records.len() as u64).is_none())
-        {
-            return Err(NodeError::Config(format!(
-                "session seqs run from {} to u64::MAX; {} records from seq {} do not fit",
-                crate::types::FIRST_SEQ,
-                records.len(),
-                s.seq
-            )));
-        }
-        let commands: Vec<Command> = records
-            .into_iter()
-            .zip(0u64..)
-            .map(|(data, k)| Command {
-                session: session.map(|s| Session {
-                    client_id: s.client_id,
-                    seq: s.seq + k,
-                }),
-                data,
-                control: None,
-            })
-            .collect();
+        let commands = commands_of(session, records)?;
         if commands.is_empty() {
             return Ok(Vec::new());
         }
@@ -221,6 +336,42 @@ impl Node {
         self.inner.metrics.commit_latency.observe(started.elapsed());
         self.inner.metrics.proposals.inc_by(count);
         Ok(responses)
+    }
+
+    /// The first half of a pipelined [`Node::propose_batch`]: waits for
+    /// room (admission) and, on a leader, hands the batch to the Raft core,
+    /// returning once the core holds it; [`InFlight::answers`] waits for the
+    /// answers. Batches submitted one after the other (each submitted
+    /// before the next is) get log indexes in that order as long as this
+    /// node leads throughout, without waiting for each other's commits:
+    /// what a client that pipelines needs. A batch that this node finds it
+    /// cannot propose (it does not lead) goes the way of
+    /// [`Node::propose_batch`] (forwarded to the leader) when its answers
+    /// are asked for: so ask in submission order. A session keeps the
+    /// order through leader changes (a later batch that overtook an
+    /// earlier one is refused as out of order, and retried).
+    ///
+    /// # Errors
+    /// As [`Node::propose_batch`]; admission's refusals here (nothing was
+    /// proposed), the others from [`InFlight::answers`].
+    pub async fn submit_batch(
+        &self,
+        session: Option<Session>,
+        records: Vec<Vec<u8>>,
+    ) -> Result<InFlight, NodeError> {
+        let commands = commands_of(session, records)?;
+        let started = Instant::now();
+        let submitted = if commands.is_empty() {
+            None
+        } else {
+            Some(submit_here(&self.inner.raft, &self.inner.admission, commands.clone()).await?)
+        };
+        Ok(InFlight {
+            node: self.clone(),
+            commands,
+            submitted,
+            started,
+        })
     }
 
     /// Proposes `commands` here when this node leads, else forwards them to
