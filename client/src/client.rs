@@ -4,8 +4,10 @@
 //! carries `(client_id, seq)`, seqs consecutive from 1, and a retry reuses
 //! them; the cluster applies a session's records in seq order).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
+
+use futures::{Stream, StreamExt};
 
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
@@ -244,46 +246,225 @@ impl Client {
     /// session, since the cluster would refuse the old session's next seqs
     /// as long as this append's are missing.
     pub async fn append(&mut self, records: Vec<Vec<u8>>) -> Result<Vec<u64>, ClientError> {
-        let first_seq = self.next_seq;
-        let client_id = self.client_id;
+        let (client_id, first_seq) = (self.client_id, self.next_seq);
         let count = records.len() as u64;
-        let request = AppendRequest {
-            client_id,
-            first_seq,
-            records,
-        };
-        let bytes = prost::Message::encoded_len(&request);
-        if bytes > MAX_MESSAGE_BYTES {
-            return Err(ClientError::TooLarge {
-                records: request.records.len(),
-                bytes,
-                limit: MAX_MESSAGE_BYTES,
-            });
-        }
-        let records = request.records;
-        let response = self
-            .with_retry(|mut c| {
-                let req = AppendRequest {
-                    client_id,
-                    first_seq,
-                    records: records.clone(),
-                };
-                async move { c.append(api_request(req)).await.map(|r| r.into_inner()) }
-            })
-            .await;
-        match response {
-            Ok(response) => {
+        let request = checked_request(client_id, first_seq, records)?;
+        match self.send_append(request).await {
+            Ok(indexes) => {
                 self.next_seq += count;
-                Ok(response.indexes)
+                Ok(indexes)
             }
             Err(e) => {
-                self.client_id = new_client_id();
-                self.next_seq = 1;
+                self.new_session();
                 Err(e)
             }
         }
     }
 
+    /// Sends one Append request, retrying as [`Client`]'s operations do;
+    /// the session is the caller's to move on.
+    async fn send_append(&mut self, request: AppendRequest) -> Result<Vec<u64>, ClientError> {
+        let count = request.records.len();
+        let indexes = self
+            .with_retry(|mut c| {
+                let request = request.clone();
+                async move { c.append(api_request(request)).await.map(|r| r.into_inner()) }
+            })
+            .await?
+            .indexes;
+        if indexes.len() != count {
+            return Err(ClientError::Refused(Status::internal(format!(
+                "{} indexes answered to an append of {count} records",
+                indexes.len()
+            ))));
+        }
+        Ok(indexes)
+    }
+
+    /// A new session: the cluster would refuse the old one's next seqs as
+    /// long as an append that failed may be missing.
+    fn new_session(&mut self) {
+        self.client_id = new_client_id();
+        self.next_seq = 1;
+    }
+
+    /// Appends the batches `batches` yields, in their order, pipelined:
+    /// each batch is sent as soon as it comes (up to [`PIPELINE_DEPTH`]
+    /// unanswered), without waiting for the commits of those before it,
+    /// over one `AppendStream` call; `answered` gets each batch's indexes
+    /// in order as they come. Returns how many records were appended.
+    ///
+    /// The guarantees of [`Client::append`] hold across the whole run: the
+    /// records get increasing indexes in their order, each exactly once.
+    /// When the stream breaks (its node fails, or the leader changes under
+    /// it), the batches it left unanswered are sent again with
+    /// [`Client::append`]'s retries, with the same seqs, one at a time and
+    /// in order; then a new stream goes on with the rest.
+    ///
+    /// # Errors
+    /// As [`Client::append`]. A batch above the message limit
+    /// ([`ClientError::TooLarge`]) is not sent: the batches before it are
+    /// answered first. After an error the records of the batches not
+    /// answered may or may not land in the log, and the client goes on in a
+    /// new session.
+    pub async fn append_pipelined<B>(
+        &mut self,
+        mut batches: B,
+        mut answered: impl FnMut(Vec<u64>),
+    ) -> Result<u64, ClientError>
+    where
+        B: Stream<Item = Vec<Vec<u8>>> + Unpin,
+    {
+        if self.endpoints.is_empty() {
+            return Err(ClientError::Unavailable {
+                tried: 0,
+                last: "no endpoints".into(),
+            });
+        }
+        let mut pipe = Pipe::default();
+        let outcome = 'run: loop {
+            // What a broken stream left unanswered, one request at a time.
+            while let Some(request) = pipe.unanswered.front() {
+                match self.send_append(request.clone()).await {
+                    Ok(indexes) => pipe.answered(indexes, &mut answered),
+                    Err(e) => break 'run Err(e),
+                }
+            }
+            if pipe.input_done {
+                break match pipe.refused.take() {
+                    Some(e) => Err(e),
+                    None => Ok(pipe.appended),
+                };
+            }
+            if let Err(e) = self
+                .stream_appends(&mut pipe, &mut batches, &mut answered)
+                .await
+            {
+                break Err(e);
+            }
+        };
+        if outcome.is_err() {
+            self.new_session();
+        }
+        outcome
+    }
+
+    /// One `AppendStream` call of [`Client::append_pipelined`], on the
+    /// endpoint that answered last: sends the batches `batches` yields
+    /// while answers come back. Returns when the input ended and every
+    /// request was answered, or when the stream broke in a way worth
+    /// retrying (`pipe.unanswered` then holds what it left; when no stream
+    /// could be opened, the next batch, for [`Client::append`]'s retries).
+    ///
+    /// # Errors
+    /// A node's refusal (not worth retrying).
+    async fn stream_appends<B>(
+        &mut self,
+        pipe: &mut Pipe,
+        batches: &mut B,
+        answered: &mut impl FnMut(Vec<u64>),
+    ) -> Result<(), ClientError>
+    where
+        B: Stream<Item = Vec<Vec<u8>>> + Unpin,
+    {
+        debug_assert!(pipe.unanswered.is_empty(), "drained before a stream");
+        let k = self.preferred;
+        let opened = match self.channel(k).await {
+            Ok(mut c) => {
+                let (requests, outgoing) = tokio::sync::mpsc::channel(PIPELINE_DEPTH);
+                let call = c.append_stream(api_request(
+                    tokio_stream::wrappers::ReceiverStream::new(outgoing),
+                ));
+                match tokio::time::timeout(self.per_endpoint, call).await {
+                    Ok(Ok(responses)) => Ok((requests, responses.into_inner())),
+                    Ok(Err(status)) => Err(status),
+                    Err(_) => Err(Status::deadline_exceeded(format!(
+                        "{}: no answer within {:?}",
+                        self.endpoints[k], self.per_endpoint
+                    ))),
+                }
+            }
+            Err(status) => Err(status),
+        };
+        let (requests, mut responses) = match opened {
+            Ok(opened) => opened,
+            Err(status) if retryable(&status) => {
+                // The next batch goes with Append's retries, which try the
+                // other endpoints.
+                self.broken(k);
+                pipe.take_next(self, batches).await;
+                return Ok(());
+            }
+            Err(status) => return Err(ClientError::Refused(status)),
+        };
+        let mut requests = Some(requests);
+        // When the oldest unanswered request must be answered by.
+        let mut answer_by = tokio::time::Instant::now();
+        loop {
+            if pipe.unanswered.is_empty() && pipe.input_done {
+                return Ok(());
+            }
+            let can_send = requests.is_some()
+                && pipe.unanswered.len() < PIPELINE_DEPTH
+                && pipe.unanswered_bytes < PIPELINE_BYTES;
+            tokio::select! {
+                biased;
+                answer = tokio::time::timeout_at(answer_by, responses.message()), if !pipe.unanswered.is_empty() => {
+                    let status = match answer {
+                        Ok(Ok(Some(answer))) => {
+                            let sent = pipe.unanswered.front().expect("checked").records.len();
+                            if answer.indexes.len() != sent {
+                                return Err(ClientError::Refused(Status::internal(format!(
+                                    "{} indexes answered to an append of {sent} records",
+                                    answer.indexes.len()
+                                ))));
+                            }
+                            pipe.answered(answer.indexes, answered);
+                            answer_by = tokio::time::Instant::now() + self.per_endpoint;
+                            continue;
+                        }
+                        Ok(Ok(None)) => Status::unavailable(format!(
+                            "{}: the append stream ended with {} requests unanswered",
+                            self.endpoints[k],
+                            pipe.unanswered.len()
+                        )),
+                        Ok(Err(status)) => status,
+                        Err(_) => Status::deadline_exceeded(format!(
+                            "{}: no answer within {:?}",
+                            self.endpoints[k], self.per_endpoint
+                        )),
+                    };
+                    if !retryable(&status) {
+                        return Err(ClientError::Refused(status));
+                    }
+                    self.broken(k);
+                    return Ok(());
+                }
+                sent = pipe.take_next(self, batches), if can_send => {
+                    let Some(request) = sent else {
+                        // The input ended (or a batch was refused): the
+                        // server answers the rest, then ends the stream.
+                        requests = None;
+                        continue;
+                    };
+                    if pipe.unanswered.len() == 1 {
+                        answer_by = tokio::time::Instant::now() + self.per_endpoint;
+                    }
+                    // A closed stream shows as an error on the answers.
+                    let _ = requests.as_ref().expect("checked").send(request).await;
+                }
+            }
+        }
+    }
+
+    /// Notes an endpoint whose call failed in a way worth retrying.
+    fn broken(&mut self, k: usize) {
+        self.retries += 1;
+        // Forget the channel: the node may have restarted.
+        self.channels.remove(&k);
+        // The next try starts at the next endpoint.
+        self.preferred = (k + 1) % self.endpoints.len().max(1);
+    }
     /// Reads committed records with index in `from..=to` (`to` 0: up to the
     /// last committed) from the first node that answers.
     pub async fn read(
@@ -400,6 +581,105 @@ impl Client {
         })
         .await
     }
+}
+
+/// Requests of one `AppendStream` call in flight at most (unanswered);
+/// the server reads no further than as many either.
+pub const PIPELINE_DEPTH: usize = 64;
+/// Bytes of records in flight on one `AppendStream` call: no further
+/// request is sent while the unanswered ones hold as many (a client holds
+/// them until they are answered, to send them again if the stream breaks).
+pub const PIPELINE_BYTES: usize = 16 << 20;
+
+/// The state of one [`Client::append_pipelined`] run.
+#[derive(Default)]
+struct Pipe {
+    /// Requests sent (or to send again) and not answered, oldest first.
+    unanswered: VecDeque<AppendRequest>,
+    /// The input ended, or a batch was refused.
+    input_done: bool,
+    /// A batch refused before it was sent: reported once the batches
+    /// before it are answered.
+    refused: Option<ClientError>,
+    /// Bytes of records in `unanswered`.
+    unanswered_bytes: usize,
+    /// Records answered.
+    appended: u64,
+}
+
+impl Pipe {
+    /// The oldest request is answered with `indexes`.
+    fn answered(&mut self, indexes: Vec<u64>, answered: &mut impl FnMut(Vec<u64>)) {
+        let request = self
+            .unanswered
+            .pop_front()
+            .expect("a request was unanswered");
+        self.unanswered_bytes -= records_bytes(&request);
+        self.appended += indexes.len() as u64;
+        answered(indexes);
+    }
+
+    /// The next batch of `batches` as the session's next request, queued as
+    /// unanswered (and returned, to send); `None` when the input ended or
+    /// the batch is too large for any request (kept to report).
+    async fn take_next<B>(&mut self, client: &mut Client, batches: &mut B) -> Option<AppendRequest>
+    where
+        B: Stream<Item = Vec<Vec<u8>>> + Unpin,
+    {
+        let records = loop {
+            match batches.next().await {
+                Some(records) if records.is_empty() => continue,
+                Some(records) => break records,
+                None => {
+                    self.input_done = true;
+                    return None;
+                }
+            }
+        };
+        let count = records.len() as u64;
+        match checked_request(client.client_id, client.next_seq, records) {
+            Ok(request) => {
+                client.next_seq += count;
+                self.unanswered_bytes += records_bytes(&request);
+                self.unanswered.push_back(request.clone());
+                Some(request)
+            }
+            Err(e) => {
+                self.input_done = true;
+                self.refused = Some(e);
+                None
+            }
+        }
+    }
+}
+
+fn records_bytes(request: &AppendRequest) -> usize {
+    request.records.iter().map(Vec::len).sum()
+}
+
+/// An Append request of the session's records from `first_seq` on, or
+/// [`ClientError::TooLarge`] when it would exceed [`MAX_MESSAGE_BYTES`]
+/// (tonic would refuse to encode it, and the failure would look like a
+/// transport error worth retrying).
+fn checked_request(
+    client_id: u64,
+    first_seq: u64,
+    records: Vec<Vec<u8>>,
+) -> Result<AppendRequest, ClientError> {
+    let request = AppendRequest {
+        client_id,
+        first_seq,
+        records,
+    };
+    let bytes = prost::Message::encoded_len(&request);
+    if bytes > MAX_MESSAGE_BYTES {
+        return Err(ClientError::TooLarge {
+            records: request.records.len(),
+            bytes,
+            limit: MAX_MESSAGE_BYTES,
+        });
+    }
+    Ok(request)
 }
 
 /// A fresh session's client id (never 0, which means "no session").

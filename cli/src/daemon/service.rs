@@ -5,12 +5,14 @@
 //! configured limits before anything is proposed, and every error is a
 //! gRPC status with a message a user can act on.
 
+use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use ringraft::{Node, NodeError, ReadConsistency, Session};
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use super::proto::log_server::Log;
 use ringraft_client::proto::{
@@ -119,6 +121,177 @@ fn record(r: ringraft::LogRecord) -> Record {
 }
 
 type RecordStream = Pin<Box<dyn Stream<Item = Result<Record, Status>> + Send + 'static>>;
+type AppendAnswers = Pin<Box<dyn Stream<Item = Result<AppendResponse, Status>> + Send + 'static>>;
+
+/// The session of an Append request (none when `client_id` is 0), once its
+/// records are checked against the limits.
+fn checked_append(req: &AppendRequest, max_record: usize) -> Result<Option<Session>, Status> {
+    if req.records.is_empty() {
+        return Err(Status::invalid_argument("no records"));
+    }
+    if req.records.len() > MAX_RECORDS_PER_APPEND {
+        return Err(Status::invalid_argument(format!(
+            "{} records in one append (limit {MAX_RECORDS_PER_APPEND})",
+            req.records.len()
+        )));
+    }
+    if let Some((k, r)) = req
+        .records
+        .iter()
+        .enumerate()
+        .find(|(_, r)| r.len() > max_record)
+    {
+        return Err(Status::invalid_argument(format!(
+            "record {k} is {} bytes, above --max-record {max_record}",
+            r.len(),
+        )));
+    }
+    if req.client_id == 0 {
+        return Ok(None);
+    }
+    if req.first_seq < ringraft::types::FIRST_SEQ
+        || req
+            .first_seq
+            .checked_add(req.records.len() as u64)
+            .is_none()
+    {
+        return Err(Status::invalid_argument(format!(
+            "first_seq {} with {} records: a session's sequence numbers run from {} without overflow",
+            req.first_seq,
+            req.records.len(),
+            ringraft::types::FIRST_SEQ
+        )));
+    }
+    Ok(Some(Session {
+        client_id: req.client_id,
+        seq: req.first_seq,
+    }))
+}
+
+/// The answer to an Append from the node's answers to its records.
+fn append_response(results: Vec<ringraft::Response>) -> Result<AppendResponse, Status> {
+    let mut indexes = Vec::with_capacity(results.len());
+    let mut duplicates = Vec::with_capacity(results.len());
+    for r in results {
+        if r.duplicate && r.index == 0 {
+            return Err(Status::failed_precondition(
+                "a retry older than the session's remembered window; its index is no longer known",
+            ));
+        }
+        indexes.push(r.index);
+        duplicates.push(r.duplicate);
+    }
+    Ok(AppendResponse {
+        indexes,
+        duplicates,
+    })
+}
+
+/// Requests of one AppendStream in flight at most: submitted, not answered.
+/// (Their records are also held by admission's room in the ring.)
+pub const PIPELINE_DEPTH: usize = 64;
+
+/// Serves one AppendStream: each request is checked and submitted to the
+/// node as it arrives ([`Node::submit_batch`], in arrival order, one at a
+/// time), and the answers go out in the same order, each as soon as it and
+/// those before it came. At most [`PIPELINE_DEPTH`] requests are in flight:
+/// beyond that, the client's next request waits in the stream (its flow
+/// control). A request that fails (its check, its submission or its
+/// answer) ends the stream with its status after the answers before it;
+/// requests submitted after it are left to commit or not (their room is
+/// held until the node answered them), which the client learns on retry
+/// from the session table. Ends when the client's stream ends and every
+/// request was answered, or when the client goes away.
+async fn pipeline(
+    node: Node,
+    max_record: usize,
+    mut input: Streaming<AppendRequest>,
+    answers: tokio::sync::mpsc::Sender<Result<AppendResponse, Status>>,
+) {
+    type Pending = Pin<Box<dyn Future<Output = Result<Vec<ringraft::Response>, NodeError>> + Send>>;
+    type Submitting = Pin<Box<dyn Future<Output = Result<ringraft::InFlight, NodeError>> + Send>>;
+    let mut in_flight: VecDeque<Pending> = VecDeque::new();
+    let mut submitting: Option<Submitting> = None;
+    // The session of the stream and the seq its next request must start at.
+    let mut next: Option<(u64, u64)> = None;
+    let mut reading = true;
+    // A request that failed before it was submitted: reported once the
+    // requests before it are answered.
+    let mut refused: Option<Status> = None;
+    loop {
+        let can_read = reading
+            && refused.is_none()
+            && submitting.is_none()
+            && in_flight.len() < PIPELINE_DEPTH;
+        if in_flight.is_empty() && submitting.is_none() && !can_read {
+            break;
+        }
+        tokio::select! {
+            // The oldest request's answer first: it frees room, and a
+            // client waits for it.
+            biased;
+            answer = async { in_flight.front_mut().expect("checked").as_mut().await }, if !in_flight.is_empty() => {
+                in_flight.pop_front();
+                let answer = answer.map_err(status).and_then(append_response);
+                let failed = answer.is_err();
+                if answers.send(answer).await.is_err() || failed {
+                    return;
+                }
+            }
+            submitted = async { submitting.as_mut().expect("checked").as_mut().await }, if submitting.is_some() => {
+                submitting = None;
+                match submitted {
+                    Ok(batch) => in_flight.push_back(Box::pin(batch.answers())),
+                    Err(e) => refused = Some(status(e)),
+                }
+            }
+            request = input.message(), if can_read => match request {
+                Ok(Some(req)) => match checked_stream_append(&req, max_record, &mut next) {
+                    Ok(session) => {
+                        let node = node.clone();
+                        submitting = Some(Box::pin(async move {
+                            node.submit_batch(Some(session), req.records).await
+                        }));
+                    }
+                    Err(why) => refused = Some(why),
+                },
+                Ok(None) => reading = false,
+                // The client's side broke: it is gone, or will retry.
+                Err(why) => {
+                    tracing::debug!(%why, "an append stream's requests ended in an error");
+                    reading = false;
+                }
+            },
+        }
+    }
+    if let Some(why) = refused {
+        let _ = answers.send(Err(why)).await;
+    }
+}
+
+/// [`checked_append`] for a request of an AppendStream: with a session,
+/// the stream's one, and seqs that go on from `next`'s (then moved on).
+fn checked_stream_append(
+    req: &AppendRequest,
+    max_record: usize,
+    next: &mut Option<(u64, u64)>,
+) -> Result<Session, Status> {
+    let Some(session) = checked_append(req, max_record)? else {
+        return Err(Status::invalid_argument(
+            "an append stream's requests carry a session (client_id not 0)",
+        ));
+    };
+    if let Some((client_id, seq)) = *next
+        && (client_id, seq) != (session.client_id, session.seq)
+    {
+        return Err(Status::invalid_argument(format!(
+            "an append stream carries one session with seqs without gaps: expected client {client_id} seq {seq}, got client {} seq {}",
+            session.client_id, session.seq
+        )));
+    }
+    *next = Some((session.client_id, session.seq + req.records.len() as u64));
+    Ok(session)
+}
 
 #[tonic::async_trait]
 impl Log for LogService {
@@ -127,47 +300,7 @@ impl Log for LogService {
         request: Request<AppendRequest>,
     ) -> Result<Response<AppendResponse>, Status> {
         let req = request.into_inner();
-        if req.records.is_empty() {
-            return Err(Status::invalid_argument("no records"));
-        }
-        if req.records.len() > MAX_RECORDS_PER_APPEND {
-            return Err(Status::invalid_argument(format!(
-                "{} records in one append (limit {MAX_RECORDS_PER_APPEND})",
-                req.records.len()
-            )));
-        }
-        if let Some((k, r)) = req
-            .records
-            .iter()
-            .enumerate()
-            .find(|(_, r)| r.len() > self.max_record)
-        {
-            return Err(Status::invalid_argument(format!(
-                "record {k} is {} bytes, above --max-record {}",
-                r.len(),
-                self.max_record
-            )));
-        }
-        let session = if req.client_id == 0 {
-            None
-        } else if req.first_seq < ringraft::types::FIRST_SEQ
-            || req
-                .first_seq
-                .checked_add(req.records.len() as u64)
-                .is_none()
-        {
-            return Err(Status::invalid_argument(format!(
-                "first_seq {} with {} records: a session's sequence numbers run from {} without overflow",
-                req.first_seq,
-                req.records.len(),
-                ringraft::types::FIRST_SEQ
-            )));
-        } else {
-            Some(Session {
-                client_id: req.client_id,
-                seq: req.first_seq,
-            })
-        };
+        let session = checked_append(&req, self.max_record)?;
         // One batch: the records get consecutive indexes in request order,
         // after the session's earlier appends.
         let results = self
@@ -175,21 +308,25 @@ impl Log for LogService {
             .propose_batch(session, req.records)
             .await
             .map_err(status)?;
-        let mut indexes = Vec::with_capacity(results.len());
-        let mut duplicates = Vec::with_capacity(results.len());
-        for r in results {
-            if r.duplicate && r.index == 0 {
-                return Err(Status::failed_precondition(
-                    "a retry older than the session's remembered window; its index is no longer known",
-                ));
-            }
-            indexes.push(r.index);
-            duplicates.push(r.duplicate);
-        }
-        Ok(Response::new(AppendResponse {
-            indexes,
-            duplicates,
-        }))
+        append_response(results).map(Response::new)
+    }
+
+    type AppendStreamStream = AppendAnswers;
+
+    async fn append_stream(
+        &self,
+        request: Request<Streaming<AppendRequest>>,
+    ) -> Result<Response<Self::AppendStreamStream>, Status> {
+        let (answers, out) = tokio::sync::mpsc::channel(PIPELINE_DEPTH);
+        tokio::spawn(pipeline(
+            self.node.clone(),
+            self.max_record,
+            request.into_inner(),
+            answers,
+        ));
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(out),
+        )))
     }
 
     type ReadStream = RecordStream;

@@ -346,3 +346,72 @@ fn other_commands_with_input_no_node_accepts_fail_at_once() {
     let members = c.cli(&["members", "list"]);
     assert_eq!(lines(&members), vec![format!("1 {} voter", c.listen(1))]);
 }
+
+/// Issue 14, item 3: an AppendStream carries one session with seqs without
+/// gaps. A request without a session, or one whose seqs do not go on from
+/// the previous request's, ends the stream with INVALID_ARGUMENT after the
+/// answers of the requests before it; nothing of it is appended.
+#[test]
+fn an_append_stream_refuses_requests_outside_its_session() {
+    use ringraft_client::api_request;
+    use ringraft_client::proto::AppendRequest;
+    use ringraft_client::proto::log_client::LogClient;
+
+    let c = Cluster::start(1, &[]);
+    let request = |client_id, first_seq, records: &[&str]| AppendRequest {
+        client_id,
+        first_seq,
+        records: records.iter().map(|r| r.as_bytes().to_vec()).collect(),
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let streams = [
+        (
+            "a gap in the seqs",
+            vec![request(5, 1, &["a", "b"]), request(5, 4, &["gap"])],
+            1,
+            "expected client 5 seq 3",
+        ),
+        (
+            "another session",
+            vec![request(6, 1, &["c"]), request(7, 2, &["other"])],
+            1,
+            "expected client 6 seq 2",
+        ),
+        ("no session", vec![request(0, 0, &["none"])], 0, "session"),
+    ];
+    for (what, requests, answered, named) in streams {
+        let (answers, error) = runtime.block_on(async {
+            let mut client = LogClient::connect(format!("http://{}", c.client(1)))
+                .await
+                .unwrap();
+            let mut stream = client
+                .append_stream(api_request(futures::stream::iter(requests)))
+                .await
+                .unwrap()
+                .into_inner();
+            let mut answers = Vec::new();
+            loop {
+                match tokio::time::timeout(BOUND, stream.message()).await {
+                    Ok(Ok(Some(answer))) => answers.push(answer.indexes),
+                    Ok(Ok(None)) => panic!("{what}: the stream ended without an error"),
+                    Ok(Err(status)) => break (answers, status),
+                    Err(_) => panic!("{what}: no answer within {BOUND:?}"),
+                }
+            }
+        });
+        assert_eq!(answers.len(), answered, "{what}: {answers:?}");
+        assert_eq!(
+            error.code(),
+            tonic::Code::InvalidArgument,
+            "{what}: {error}"
+        );
+        assert!(error.message().contains(named), "{what}: {error}");
+    }
+    let out = c.cli(&["read", "--format", "raw"]);
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "a\nb\nc\n",
+        "only the requests answered were appended"
+    );
+}

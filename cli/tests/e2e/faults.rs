@@ -86,15 +86,20 @@ fn kill_the_leader_and_keep_appending_exactly_once() {
     let expected: Vec<String> = (0..300).map(|k| format!("rec-{k}")).collect();
     // One client session through the failover: the leader is killed once
     // the first 256 records are acknowledged, before the client has read
-    // the rest of its input (the client sends at most 256 lines per
-    // request), so that the rest must go through the failover.
+    // the rest of its input, so that the rest must go through the
+    // failover. The leader is the first endpoint: the client's append
+    // stream goes to it, and its death breaks the stream.
+    let leader_first: Vec<String> = std::iter::once(leader)
+        .chain(c.ids().into_iter().filter(|id| *id != leader))
+        .map(|id| c.client(id))
+        .collect();
     let mut appender = Command::new(BIN)
         .args([
             "append",
             "--timeout-ms",
             "1500",
             "--endpoints",
-            &c.endpoints(),
+            &leader_first.join(","),
         ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
