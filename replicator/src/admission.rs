@@ -161,6 +161,8 @@ struct Inner {
     /// Wakes waiters: a reservation given back, space freed, the head of
     /// the queue changed.
     changed: Notify,
+    /// Wakes [`Admission::someone_waits`]: a proposal joined the queue.
+    arrived: Notify,
 }
 
 /// The admission gate of one node (clones share it).
@@ -248,6 +250,7 @@ impl Admission {
                 max_wait,
                 queue: Mutex::new(Queue::default()),
                 changed: Notify::new(),
+                arrived: Notify::new(),
             }),
         })
     }
@@ -269,6 +272,21 @@ impl Admission {
     /// Proposals waiting for room.
     pub fn waiting(&self) -> usize {
         self.queue().waiting.len()
+    }
+
+    /// Resolves when a proposal waits for room (at once if one does).
+    pub async fn someone_waits(&self) {
+        loop {
+            let arrived = self.inner.arrived.notified();
+            tokio::pin!(arrived);
+            // Registered before the check, so an arrival right after it is
+            // not missed.
+            arrived.as_mut().enable();
+            if self.waiting() > 0 {
+                return;
+            }
+            arrived.await;
+        }
     }
 
     /// Ring space may have been freed (a purge, a snapshot installed, a
@@ -326,6 +344,7 @@ impl Admission {
             let ticket = queue.next_ticket;
             queue.next_ticket += 1;
             queue.waiting.push_back(ticket);
+            self.inner.arrived.notify_waiters();
             Ticket {
                 admission: self,
                 ticket,
@@ -707,6 +726,38 @@ mod tests {
         let second = second.await.unwrap().unwrap();
         assert_eq!(admission.reserved_bytes(), limit - 50);
         drop((held, second));
+    }
+
+    /// `someone_waits` (what the node's watcher of openraft's changes
+    /// waits for before it watches) resolves only while a proposal waits:
+    /// at once when one does, as soon as one joins the queue otherwise.
+    #[tokio::test(start_paused = true)]
+    async fn someone_waits_resolves_only_while_a_proposal_waits() {
+        let (_, admission) = gate();
+        let limit = admission.limit_bytes();
+        let watcher = tokio::spawn({
+            let admission = admission.clone();
+            async move { admission.someone_waits().await }
+        });
+        // An admission that finds room at once does not wait.
+        let held = admission.admit_bytes(limit - 100).await.unwrap();
+        settle().await;
+        assert!(!watcher.is_finished(), "nobody waits yet");
+        let waiter = tokio::spawn({
+            let admission = admission.clone();
+            async move { admission.admit_bytes(200).await }
+        });
+        settle().await;
+        assert!(watcher.is_finished(), "a proposal waits for room");
+        watcher.await.unwrap();
+        // While it waits, at once.
+        tokio::time::timeout(Duration::ZERO, admission.someone_waits())
+            .await
+            .expect("at once while a proposal waits");
+        drop(held);
+        let admitted = waiter.await.unwrap().unwrap();
+        drop(admitted);
+        assert_eq!(admission.waiting(), 0);
     }
 
     /// The room stays reserved until openraft answers, even when the

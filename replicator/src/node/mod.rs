@@ -163,8 +163,11 @@ impl Node {
     /// an application should stop serving from it (`ringraft serve` exits
     /// with an error) and call [`Node::shutdown`] to flush.
     pub async fn core_stopped(&self) -> String {
-        let mut metrics = self.inner.raft.metrics();
         // Only the core holds the metrics' sender: the watch ends with it.
+        // The server metrics (state, leader, membership), which change
+        // rarely: the full metrics change several times per entry, and a
+        // daemon waiting here woke that often.
+        let mut metrics = self.inner.raft.server_metrics();
         while metrics.changed().await.is_ok() {}
         match self.inner.raft.with_raft_state(|_| ()).await {
             Err(fatal) => fatal.to_string(),

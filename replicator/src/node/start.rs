@@ -425,12 +425,18 @@ fn accept_members_of(cluster_id: u64, hello: Vec<u8>) -> ringraft_transport::Acc
 
 /// Wakes the proposals waiting for ring room ([`crate::admission`]) at
 /// every change openraft reports (a truncation or an installed snapshot may
-/// free room). The flusher wakes them too, each time it gives ring bytes
-/// back: room never waits for a snapshot, because entries leave the ring as
-/// soon as they are in the segments.
+/// free room), while any wait. The flusher wakes them too, each time it
+/// gives ring bytes back: room never waits for a snapshot, because entries
+/// leave the ring as soon as they are in the segments. openraft's metrics
+/// change several times per entry: watched while nobody waits, they woke
+/// this task that often for nothing.
 async fn wake_admission_on_change(raft: Raft, admission: Admission) {
     let mut metrics = raft.metrics();
-    while metrics.changed().await.is_ok() {
+    loop {
+        admission.someone_waits().await;
+        if metrics.changed().await.is_err() {
+            return;
+        }
         admission.space_freed();
     }
 }
