@@ -9,34 +9,18 @@
 
 use std::time::Duration;
 
-use ringraft::{Durability, NodeConfig};
-use ringraft_testkit::inproc::{Cluster, Kind, deterministic};
+use ringraft::NodeConfig;
+use ringraft_testkit::inproc::{Cluster, paused_runtime};
 use tokio::time::Instant;
 
 const SEED: u64 = 0xfa11;
 /// A safety net against hangs (virtual time); never what a test asserts.
 const PATIENCE: Duration = Duration::from_secs(60);
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a runtime")
-}
-
 async fn cluster(fast_failover: bool) -> Cluster {
-    let seeded = deterministic(SEED);
-    Cluster::start_with(
-        Kind::Inproc,
-        3,
-        Durability::Memory,
-        SEED,
-        |c: &mut NodeConfig| {
-            seeded(c);
-            c.fast_failover = fast_failover;
-        },
-    )
+    Cluster::start_deterministic(SEED, |c: &mut NodeConfig| {
+        c.fast_failover = fast_failover;
+    })
     .await
 }
 
@@ -81,7 +65,7 @@ async fn stop_leader(c: &mut Cluster) -> (Vec<u64>, u64, Duration) {
 
 #[test]
 fn a_stopped_leader_is_replaced_before_its_lease_would_end() {
-    runtime().block_on(async {
+    paused_runtime().block_on(async {
         let mut c = cluster(true).await;
         let (survivors, next, took) = stop_leader(&mut c).await;
         // Shown with --nocapture.
@@ -103,7 +87,7 @@ fn a_stopped_leader_is_replaced_before_its_lease_would_end() {
 
 #[test]
 fn without_fast_failover_the_lease_is_waited_out() {
-    runtime().block_on(async {
+    paused_runtime().block_on(async {
         let mut c = cluster(false).await;
         let (survivors, _, took) = stop_leader(&mut c).await;
         assert!(
@@ -116,7 +100,7 @@ fn without_fast_failover_the_lease_is_waited_out() {
 
 #[test]
 fn a_live_leader_whose_connections_drop_keeps_its_term() {
-    runtime().block_on(async {
+    paused_runtime().block_on(async {
         let c = cluster(true).await;
         let (leader, others) = leader_and_others(&c).await;
         let term_before = term(&c, leader);
@@ -141,7 +125,7 @@ fn a_live_leader_whose_connections_drop_keeps_its_term() {
 
 #[test]
 fn a_leader_cut_off_is_replaced_only_by_an_ordinary_election() {
-    runtime().block_on(async {
+    paused_runtime().block_on(async {
         let c = cluster(true).await;
         let (leader, others) = leader_and_others(&c).await;
         let addr = |id: u64| c.members[&id].config.listen.clone();
@@ -169,7 +153,7 @@ fn a_leader_cut_off_is_replaced_only_by_an_ordinary_election() {
 
 #[test]
 fn a_proposal_forwarded_across_the_death_waits_for_the_next_leader() {
-    runtime().block_on(async {
+    paused_runtime().block_on(async {
         let mut c = cluster(true).await;
         let (leader, others) = leader_and_others(&c).await;
         let follower = others[0];

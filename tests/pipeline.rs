@@ -11,8 +11,8 @@
 
 use std::time::Duration;
 
-use ringraft::{Durability, Node, NodeConfig, NodeError, Session};
-use ringraft_testkit::inproc::{Cluster, Kind, deterministic};
+use ringraft::{InFlight, Node, NodeError, Session};
+use ringraft_testkit::inproc::{Cluster, paused_runtime};
 use tokio::time::Instant;
 
 const SEED: u64 = 0x9193;
@@ -21,24 +21,8 @@ const PER_BATCH: u64 = 8;
 /// A safety net against hangs (virtual time); never what a test asserts.
 const PATIENCE: Duration = Duration::from_secs(60);
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a runtime")
-}
-
 async fn cluster() -> Cluster {
-    let seeded = deterministic(SEED);
-    let c = Cluster::start_with(
-        Kind::Inproc,
-        3,
-        Durability::Memory,
-        SEED,
-        |n: &mut NodeConfig| seeded(n),
-    )
-    .await;
+    let c = Cluster::start_deterministic(SEED, |_| {}).await;
     c.propose(b"warm-up".to_vec(), PATIENCE)
         .await
         .expect("a commit");
@@ -61,20 +45,32 @@ fn batch(client_id: u64, b: u64) -> (Session, Vec<Vec<u8>>) {
 }
 
 /// Submits every batch before asking for any answer; returns each
-/// record's index, in submission order. A batch that fails is proposed
-/// again with the same session (as a client retries it).
+/// record's index, in submission order.
 async fn pipelined(node: &Node, client_id: u64, batches: u64) -> Vec<u64> {
+    let in_flight = submitted(node, client_id, 0..batches).await;
+    answered(node, client_id, in_flight).await
+}
+
+/// Submits batches `range`, one after the other.
+async fn submitted(
+    node: &Node,
+    client_id: u64,
+    range: std::ops::Range<u64>,
+) -> Vec<(u64, InFlight)> {
     let mut in_flight = Vec::new();
-    for b in 0..batches {
+    for b in range {
         let (session, records) = batch(client_id, b);
-        in_flight.push(
-            node.submit_batch(Some(session), records)
-                .await
-                .expect("submitted"),
-        );
+        let submitted = node.submit_batch(Some(session), records).await;
+        in_flight.push((b, submitted.expect("submitted")));
     }
+    in_flight
+}
+
+/// The answers to `in_flight`, in order: each record's index. A batch that
+/// fails is proposed again with the same session (as a client retries it).
+async fn answered(node: &Node, client_id: u64, in_flight: Vec<(u64, InFlight)>) -> Vec<u64> {
     let mut indexes = Vec::new();
-    for (b, batch_in_flight) in (0..).zip(in_flight) {
+    for (b, batch_in_flight) in in_flight {
         let answers = match batch_in_flight.answers().await {
             Ok(answers) => answers,
             Err(e) => retried(node, client_id, b, e).await,
@@ -134,7 +130,7 @@ fn expected(client_id: u64, batches: u64) -> Vec<Vec<u8>> {
 
 #[test]
 fn pipelined_batches_land_in_order_and_do_not_wait_for_each_other() {
-    runtime().block_on(async {
+    paused_runtime().block_on(async {
         let c = cluster().await;
         let leader = c.node(c.leader().await).clone();
 
@@ -175,7 +171,7 @@ fn pipelined_batches_land_in_order_and_do_not_wait_for_each_other() {
 
 #[test]
 fn pipelined_batches_through_a_follower_land_in_order() {
-    runtime().block_on(async {
+    paused_runtime().block_on(async {
         let c = cluster().await;
         let follower = c.node(c.follower_of(c.leader().await)).clone();
         let indexes = tokio::time::timeout(PATIENCE, pipelined(&follower, 9, BATCHES))
@@ -193,32 +189,16 @@ fn pipelined_batches_through_a_follower_land_in_order() {
 
 #[test]
 fn a_leadership_transfer_inside_the_pipeline_loses_and_reorders_nothing() {
-    runtime().block_on(async {
+    paused_runtime().block_on(async {
         let c = cluster().await;
         let old = c.leader().await;
         let next = c.follower_of(old);
         let node = c.node(old).clone();
         let client_id = 11;
-        let mut in_flight = Vec::new();
-        for b in 0..BATCHES {
-            if b == BATCHES / 2 {
-                node.transfer_leader(next).await.expect("asked");
-            }
-            let (session, records) = batch(client_id, b);
-            in_flight.push(
-                node.submit_batch(Some(session), records)
-                    .await
-                    .expect("submitted"),
-            );
-        }
-        let mut indexes = Vec::new();
-        for (b, batch_in_flight) in (0..).zip(in_flight) {
-            let answers = match batch_in_flight.answers().await {
-                Ok(answers) => answers,
-                Err(e) => retried(&node, client_id, b, e).await,
-            };
-            indexes.extend(answers.iter().map(|a| a.index));
-        }
+        let mut in_flight = submitted(&node, client_id, 0..BATCHES / 2).await;
+        node.transfer_leader(next).await.expect("asked");
+        in_flight.extend(submitted(&node, client_id, BATCHES / 2..BATCHES).await);
+        let indexes = answered(&node, client_id, in_flight).await;
         assert_eq!(
             c.leader_among(&c.running(), PATIENCE).await,
             next,

@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use ringraft::{Durability, NodeConfig, ReadConsistency};
-use ringraft_testkit::inproc::{Cluster, Kind, deterministic};
+use ringraft::ReadConsistency;
+use ringraft_testkit::inproc::{Cluster, paused_runtime};
 
 const SEED: u64 = 0x7ead;
 const READS: u64 = 64;
@@ -18,21 +18,8 @@ const PATIENCE: Duration = Duration::from_secs(60);
 
 #[test]
 fn concurrent_linearizable_reads_share_confirmation_rounds() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async {
-        let seeded = deterministic(SEED);
-        let c = Cluster::start_with(
-            Kind::Inproc,
-            3,
-            Durability::Memory,
-            SEED,
-            |n: &mut NodeConfig| seeded(n),
-        )
-        .await;
+    paused_runtime().block_on(async {
+        let c = Cluster::start_deterministic(SEED, |_| {}).await;
         let leader = c.leader().await;
         c.propose(b"x".to_vec(), PATIENCE).await.expect("a commit");
         let followers: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();

@@ -148,6 +148,16 @@ pub fn deterministic(seed: u64) -> impl Fn(&mut NodeConfig) {
     }
 }
 
+/// The runtime of a deterministic run ([`deterministic`]): one thread,
+/// time paused (it moves only when every task waits).
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime")
+}
+
 /// Installs a tracing subscriber once (RUST_LOG decides what shows).
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
@@ -160,6 +170,18 @@ impl Cluster {
     /// Starts `n` nodes (ids 1..=n) and initializes the cluster on node 1.
     pub async fn start(kind: Kind, n: u64, durability: Durability, seed: u64) -> Cluster {
         Cluster::start_with(kind, n, durability, seed, |_| {}).await
+    }
+
+    /// Three nodes on the inproc fabric, `memory` durability, a function
+    /// of `seed` ([`deterministic`]; run it on a [`paused_runtime`]), each
+    /// node's configuration then adjusted by `adjust`.
+    pub async fn start_deterministic(seed: u64, adjust: impl Fn(&mut NodeConfig)) -> Cluster {
+        let seeded = deterministic(seed);
+        Cluster::start_with(Kind::Inproc, 3, Durability::Memory, seed, |c| {
+            seeded(c);
+            adjust(c);
+        })
+        .await
     }
 
     /// Like [`Cluster::start`], adjusting every node's configuration.
