@@ -144,6 +144,11 @@ impl Watcher {
             return true;
         }
         self.metrics.fast_elections.inc();
+        tracing::info!(
+            leader = peer,
+            turn,
+            "no new leader by this node's turn: standing"
+        );
         // `None`: no log requirement on this node (it stands on its own log;
         // the voters judge it).
         let request = TransferLeaderRequest::new(vote, self.id, None);
