@@ -15,9 +15,9 @@ use tonic::{Code, Status};
 use crate::api_request;
 use crate::proto::log_client::LogClient;
 use crate::proto::{
-    AddLearnerRequest, AppendRequest, Consistency, FollowRequest, Member, MembersRequest,
-    PromoteRequest, ReadRequest, Record, RemoveRequest, StatusRequest, StatusResponse,
-    TransferLeaderRequest, TrimRequest,
+    AddLearnerRequest, AppendRequest, AppendResponse, Consistency, FollowRequest, Member,
+    MembersRequest, PromoteRequest, ReadRequest, Record, RemoveRequest, StatusRequest,
+    StatusResponse, TransferLeaderRequest, TrimRequest,
 };
 
 /// Largest message the client sends or accepts (the daemon's limit too).
@@ -203,10 +203,7 @@ impl Client {
                     Ok(client) => match tokio::time::timeout(self.per_endpoint, call(client)).await
                     {
                         Ok(r) => r,
-                        Err(_) => Err(Status::deadline_exceeded(format!(
-                            "{}: no answer within {:?}",
-                            self.endpoints[k], self.per_endpoint
-                        ))),
+                        Err(_) => Err(self.no_answer(k)),
                     },
                     Err(e) => Err(e),
                 };
@@ -216,9 +213,7 @@ impl Client {
                         return Ok(v);
                     }
                     Err(status) if retryable(&status) => {
-                        self.retries += 1;
-                        // Forget the channel: the node may have restarted.
-                        self.channels.remove(&k);
+                        self.forget(k);
                         last = format!("{}: {}", self.endpoints[k], status.message());
                     }
                     Err(status) => return Err(ClientError::Refused(status)),
@@ -265,20 +260,13 @@ impl Client {
     /// the session is the caller's to move on.
     async fn send_append(&mut self, request: AppendRequest) -> Result<Vec<u64>, ClientError> {
         let count = request.records.len();
-        let indexes = self
+        let answer = self
             .with_retry(|mut c| {
                 let request = request.clone();
                 async move { c.append(api_request(request)).await.map(|r| r.into_inner()) }
             })
-            .await?
-            .indexes;
-        if indexes.len() != count {
-            return Err(ClientError::Refused(Status::internal(format!(
-                "{} indexes answered to an append of {count} records",
-                indexes.len()
-            ))));
-        }
-        Ok(indexes)
+            .await?;
+        indexes_of(answer, count)
     }
 
     /// A new session: the cluster would refuse the old one's next seqs as
@@ -378,10 +366,7 @@ impl Client {
                 match tokio::time::timeout(self.per_endpoint, call).await {
                     Ok(Ok(responses)) => Ok((requests, responses.into_inner())),
                     Ok(Err(status)) => Err(status),
-                    Err(_) => Err(Status::deadline_exceeded(format!(
-                        "{}: no answer within {:?}",
-                        self.endpoints[k], self.per_endpoint
-                    ))),
+                    Err(_) => Err(self.no_answer(k)),
                 }
             }
             Err(status) => Err(status),
@@ -413,13 +398,7 @@ impl Client {
                     let status = match answer {
                         Ok(Ok(Some(answer))) => {
                             let sent = pipe.unanswered.front().expect("checked").records.len();
-                            if answer.indexes.len() != sent {
-                                return Err(ClientError::Refused(Status::internal(format!(
-                                    "{} indexes answered to an append of {sent} records",
-                                    answer.indexes.len()
-                                ))));
-                            }
-                            pipe.answered(answer.indexes, answered);
+                            pipe.answered(indexes_of(answer, sent)?, answered);
                             answer_by = tokio::time::Instant::now() + self.per_endpoint;
                             continue;
                         }
@@ -429,10 +408,7 @@ impl Client {
                             pipe.unanswered.len()
                         )),
                         Ok(Err(status)) => status,
-                        Err(_) => Status::deadline_exceeded(format!(
-                            "{}: no answer within {:?}",
-                            self.endpoints[k], self.per_endpoint
-                        )),
+                        Err(_) => self.no_answer(k),
                     };
                     if !retryable(&status) {
                         return Err(ClientError::Refused(status));
@@ -458,12 +434,24 @@ impl Client {
     }
 
     /// Notes an endpoint whose call failed in a way worth retrying.
-    fn broken(&mut self, k: usize) {
+    fn forget(&mut self, k: usize) {
         self.retries += 1;
         // Forget the channel: the node may have restarted.
         self.channels.remove(&k);
-        // The next try starts at the next endpoint.
+    }
+
+    /// [`Client::forget`], and the next call starts at the next endpoint.
+    fn broken(&mut self, k: usize) {
+        self.forget(k);
         self.preferred = (k + 1) % self.endpoints.len().max(1);
+    }
+
+    /// The error of a call that endpoint `k` did not answer in time.
+    fn no_answer(&self, k: usize) -> Status {
+        Status::deadline_exceeded(format!(
+            "{}: no answer within {:?}",
+            self.endpoints[k], self.per_endpoint
+        ))
     }
     /// Reads committed records with index in `from..=to` (`to` 0: up to the
     /// last committed) from the first node that answers.
@@ -583,8 +571,9 @@ impl Client {
     }
 }
 
-/// Requests of one `AppendStream` call in flight at most (unanswered);
-/// the server reads no further than as many either.
+/// Requests of one `AppendStream` call in flight at most (unanswered):
+/// the client sends no more, and the server (`ringraft serve`) reads no
+/// further (`log.proto`).
 pub const PIPELINE_DEPTH: usize = 64;
 /// Bytes of records in flight on one `AppendStream` call: no further
 /// request is sent while the unanswered ones hold as many (a client holds
@@ -653,6 +642,18 @@ impl Pipe {
     }
 }
 
+/// The indexes of an answer to an Append of `sent` records: one each.
+fn indexes_of(answer: AppendResponse, sent: usize) -> Result<Vec<u64>, ClientError> {
+    if answer.indexes.len() != sent {
+        return Err(ClientError::Refused(Status::internal(format!(
+            "{} indexes answered to an append of {sent} records",
+            answer.indexes.len()
+        ))));
+    }
+    Ok(answer.indexes)
+}
+
+/// Bytes of records in `request`.
 fn records_bytes(request: &AppendRequest) -> usize {
     request.records.iter().map(Vec::len).sum()
 }

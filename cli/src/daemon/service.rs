@@ -15,6 +15,10 @@ use ringraft::{Node, NodeError, ReadConsistency, Session};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::proto::log_server::Log;
+// Requests of one AppendStream in flight at most: submitted, not answered
+// (the API's figure, which the client keeps to as well). Their records are
+// also held by admission's room in the ring.
+use ringraft_client::client::PIPELINE_DEPTH;
 use ringraft_client::proto::{
     AddLearnerRequest, AppendRequest, AppendResponse, Consistency, FollowRequest, Member,
     MembersRequest, MembersResponse, PromoteRequest, ReadRequest, Record, RemoveRequest,
@@ -186,10 +190,6 @@ fn append_response(results: Vec<ringraft::Response>) -> Result<AppendResponse, S
         duplicates,
     })
 }
-
-/// Requests of one AppendStream in flight at most: submitted, not answered.
-/// (Their records are also held by admission's room in the ring.)
-pub const PIPELINE_DEPTH: usize = 64;
 
 /// Serves one AppendStream: each request is checked and submitted to the
 /// node as it arrives ([`Node::submit_batch`], in arrival order, one at a

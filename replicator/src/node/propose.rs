@@ -169,9 +169,16 @@ fn commands_of(session: Option<Session>, records: Vec<Vec<u8>>) -> Result<Vec<Co
 pub struct InFlight {
     node: Node,
     commands: Vec<Command>,
-    /// `None` for an empty batch.
-    submitted: Option<Submitted>,
+    /// The first attempt, here: `None` for an empty batch.
+    first: Option<FirstAttempt>,
     started: Instant,
+}
+
+/// A batch handed to this node's core, with the watch of the core's
+/// metrics taken before it was (a change while it is answered is seen).
+pub(super) struct FirstAttempt {
+    submitted: Submitted,
+    metrics: openraft::alias::WatchReceiverOf<TypeConfig, openraft::RaftMetrics<TypeConfig>>,
 }
 
 impl InFlight {
@@ -185,30 +192,27 @@ impl InFlight {
     /// # Errors
     /// As [`Node::propose_batch`].
     pub async fn answers(self) -> Result<Vec<Response>, NodeError> {
+        let metrics = self.node.inner.metrics.clone();
+        let _in_flight = metrics.proposals_in_flight.track();
+        self.finish().await
+    }
+
+    /// [`InFlight::answers`] without the in-flight gauge (its caller keeps
+    /// it).
+    async fn finish(self) -> Result<Vec<Response>, NodeError> {
         let InFlight {
             node,
             commands,
-            submitted,
+            first,
             started,
         } = self;
-        let Some(submitted) = submitted else {
+        if first.is_none() {
             return Ok(Vec::new());
-        };
-        let _in_flight = node.inner.metrics.proposals_in_flight.track();
-        let results = submitted.wait().await?;
-        let responses = match results.first() {
-            Some(Err(ClientWriteError::ForwardToLeader(_))) => {
-                node.write_anywhere(commands.clone()).await?
-            }
-            _ => {
-                let results = results
-                    .into_iter()
-                    .map(|r| r.map_err(|e| NodeError::Unknown(e.to_string())));
-                settled(&commands, results)?
-            }
-        };
+        }
+        let count = commands.len() as u64;
+        let responses = node.write_anywhere(commands, first).await?;
         node.inner.metrics.commit_latency.observe(started.elapsed());
-        node.inner.metrics.proposals.inc_by(commands.len() as u64);
+        node.inner.metrics.proposals.inc_by(count);
         Ok(responses)
     }
 }
@@ -326,16 +330,7 @@ impl Node {
         records: Vec<Vec<u8>>,
     ) -> Result<Vec<Response>, NodeError> {
         let _in_flight = self.inner.metrics.proposals_in_flight.track();
-        let commands = commands_of(session, records)?;
-        if commands.is_empty() {
-            return Ok(Vec::new());
-        }
-        let started = Instant::now();
-        let count = commands.len() as u64;
-        let responses = self.write_anywhere(commands).await?;
-        self.inner.metrics.commit_latency.observe(started.elapsed());
-        self.inner.metrics.proposals.inc_by(count);
-        Ok(responses)
+        self.submit_batch(session, records).await?.finish().await
     }
 
     /// The first half of a pipelined [`Node::propose_batch`]: waits for
@@ -361,25 +356,30 @@ impl Node {
     ) -> Result<InFlight, NodeError> {
         let commands = commands_of(session, records)?;
         let started = Instant::now();
-        let submitted = if commands.is_empty() {
+        let first = if commands.is_empty() {
             None
         } else {
-            Some(submit_here(&self.inner.raft, &self.inner.admission, commands.clone()).await?)
+            let metrics = self.inner.raft.metrics();
+            let submitted =
+                submit_here(&self.inner.raft, &self.inner.admission, commands.clone()).await?;
+            Some(FirstAttempt { submitted, metrics })
         };
         Ok(InFlight {
             node: self.clone(),
             commands,
-            submitted,
+            first,
             started,
         })
     }
 
     /// Proposes `commands` here when this node leads, else forwards them to
     /// the leader over the control plane (following leader changes a few
-    /// times); answers in the commands' order.
+    /// times); answers in the commands' order. `first`: the first attempt
+    /// here, already handed to the core ([`Node::submit_batch`]).
     pub(super) async fn write_anywhere(
         &self,
         commands: Vec<Command>,
+        mut first: Option<FirstAttempt>,
     ) -> Result<Vec<Response>, NodeError> {
         let mut answered: Vec<Response> = Vec::with_capacity(commands.len());
         let mut last_error = None;
@@ -388,11 +388,18 @@ impl Node {
         let mut attempts = 0;
         while attempts < FORWARD_ATTEMPTS {
             attempts += 1;
-            // Before the proposal: a change while it is answered is seen.
-            let mut metrics = self.inner.raft.metrics();
             let rest = &commands[answered.len()..];
-            let results =
-                propose_here(&self.inner.raft, &self.inner.admission, rest.to_vec()).await?;
+            let (results, mut metrics) = match first.take() {
+                Some(first) => (first.submitted.wait().await?, first.metrics),
+                None => {
+                    // Before the proposal: a change while it is answered
+                    // is seen.
+                    let metrics = self.inner.raft.metrics();
+                    let submitted =
+                        propose_here(&self.inner.raft, &self.inner.admission, rest.to_vec());
+                    (submitted.await?, metrics)
+                }
+            };
             let forward = match results.first() {
                 Some(Err(ClientWriteError::ForwardToLeader(f))) => f.clone(),
                 _ => {

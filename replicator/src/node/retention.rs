@@ -49,7 +49,7 @@ impl Node {
             control: Some(Control::Trim { before }),
         };
         let answer = self
-            .write_anywhere(vec![command])
+            .write_anywhere(vec![command], None)
             .await?
             .pop()
             .expect("one answer per command");
