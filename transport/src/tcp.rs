@@ -2,28 +2,32 @@
 //!
 //! After the handshake the stream carries length-prefixed frames (u32 LE
 //! length, then bincode of a frame, at most ~1 GiB). A reader task decodes
-//! frames into the queue pair through a buffer; a writer task drains the queue pair's
-//! outgoing frames, batching them into one flush. A malformed frame, a
-//! frame above the limit, or a socket error moves the queue pair to the
-//! error state; it never takes the process down.
+//! frames through a buffer and hands each to the queue pair's [`Inbound`]
+//! itself (which executes most requests there and then); a writer task
+//! encodes the queue pair's outgoing frames into one buffer, so that what
+//! is queued together leaves in one write. A malformed frame, a frame
+//! above the limit, or a socket error moves the queue pair to the error
+//! state; it never takes the process down.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
 
 use crate::api::AcceptPolicy;
 use crate::bootstrap;
 use crate::error::Result;
 use crate::limits::ConnSlot;
-use crate::soft::conn::{Frame, MAX_FRAME_BYTES, WireOut, wire};
+use crate::soft::conn::{Frame, Inbound, Incoming, MAX_FRAME_BYTES, WireOut, wire_read_by};
 use crate::soft::{SoftConnection, SoftDevice};
 use crate::types::ConnConfig;
 
-/// The reader's buffer (the writer's is the same size).
+/// The reader's buffer.
 const READ_BUFFER_BYTES: usize = 64 << 10;
+/// The writer writes once its buffer holds this much, even with more
+/// frames queued.
+const WRITE_BUFFER_BYTES: usize = 64 << 10;
 
 fn codec() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<MAX_FRAME_BYTES>()
@@ -92,22 +96,24 @@ fn start(
     endpoint: crate::soft::conn::SoftEndpoint,
     slot: ConnSlot,
 ) -> SoftConnection {
-    let (wire, out, incoming) = wire();
     let (read_half, write_half) = stream.into_split();
-    tokio::spawn(read_frames(read_half, incoming, addr.clone()));
+    let peer = addr.clone();
+    let (wire, out) = wire_read_by(Incoming::Reader(Box::new(move |inbound| {
+        tokio::spawn(read_frames(read_half, inbound, peer));
+    })));
     tokio::spawn(write_frames(write_half, out));
     device.start(addr, config, info, endpoint, wire, slot)
 }
 
-async fn read_frames(
-    stream: tokio::net::tcp::OwnedReadHalf,
-    incoming: mpsc::UnboundedSender<Frame>,
-    peer: String,
-) {
+async fn read_frames(stream: tokio::net::tcp::OwnedReadHalf, mut inbound: Inbound, peer: String) {
     // Buffered: a frame's length and body, and the small frames queued
     // behind it, come in one read(2) instead of two per frame.
     let mut stream = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
     let reason = loop {
+        if !holds_a_frame(stream.buffer()) {
+            // About to wait for the socket: what is held back is told now.
+            inbound.idle();
+        }
         let mut len = [0u8; 4];
         if let Err(e) = stream.read_exact(&mut len).await {
             break format!("read from {peer}: {e}");
@@ -122,7 +128,7 @@ async fn read_frames(
         }
         match bincode::serde::decode_from_slice::<Frame, _>(&body, codec()) {
             Ok((frame, used)) if used == len => {
-                if incoming.send(frame).is_err() {
+                if !inbound.frame(frame) {
                     return;
                 }
             }
@@ -130,11 +136,21 @@ async fn read_frames(
             Err(e) => break format!("malformed frame from {peer}: {e}"),
         }
     };
-    let _ = incoming.send(Frame::Close { reason });
+    inbound.ended(reason);
 }
 
-async fn write_frames(stream: tokio::net::tcp::OwnedWriteHalf, mut out: WireOut) {
-    let mut stream = BufWriter::with_capacity(64 << 10, stream);
+/// Whether `buffered` starts with a whole frame (length and body).
+fn holds_a_frame(buffered: &[u8]) -> bool {
+    match buffered.first_chunk::<4>() {
+        Some(len) => buffered.len() - 4 >= u32::from_le_bytes(*len) as usize,
+        None => false,
+    }
+}
+
+async fn write_frames(mut stream: tokio::net::tcp::OwnedWriteHalf, mut out: WireOut) {
+    // Frames queued together are encoded into one buffer and leave in one
+    // write(2).
+    let mut buffer = Vec::with_capacity(WRITE_BUFFER_BYTES);
     let mut closing = false;
     while !closing {
         // Answers first: a Close queued after an answer must not overtake it.
@@ -146,18 +162,14 @@ async fn write_frames(stream: tokio::net::tcp::OwnedWriteHalf, mut out: WireOut)
         let Some(mut frame) = frame else { break };
         loop {
             closing |= matches!(frame, Frame::Close { .. });
-            let body = match bincode::serde::encode_to_vec(&frame, codec()) {
-                Ok(b) => b,
-                Err(error) => {
-                    tracing::error!(%error, "frame does not encode");
-                    return;
-                }
-            };
-            let len = (body.len() as u32).to_le_bytes();
-            if stream.write_all(&len).await.is_err() || stream.write_all(&body).await.is_err() {
+            if let Err(error) = encode_frame(&frame, &mut buffer) {
+                tracing::error!(%error, "frame does not encode");
                 return;
             }
-            // Batch whatever is already queued into the same flush.
+            if buffer.len() >= WRITE_BUFFER_BYTES {
+                break;
+            }
+            // Batch whatever is already queued into the same write.
             match out
                 .responses
                 .try_recv()
@@ -167,9 +179,21 @@ async fn write_frames(stream: tokio::net::tcp::OwnedWriteHalf, mut out: WireOut)
                 _ => break,
             }
         }
-        if stream.flush().await.is_err() {
+        if stream.write_all(&buffer).await.is_err() {
             return;
         }
+        buffer.clear();
+        buffer.shrink_to(WRITE_BUFFER_BYTES);
     }
     let _ = stream.shutdown().await;
+}
+
+/// Appends `frame`, with its length in front, to `buffer`.
+fn encode_frame(frame: &Frame, buffer: &mut Vec<u8>) -> Result<(), bincode::error::EncodeError> {
+    let start = buffer.len();
+    buffer.extend_from_slice(&[0; 4]);
+    bincode::serde::encode_into_std_write(frame, buffer, codec())?;
+    let len = (buffer.len() - start - 4) as u32;
+    buffer[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    Ok(())
 }

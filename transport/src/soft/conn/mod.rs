@@ -5,15 +5,18 @@
 //!   order; the peer answers them in the same order, so completions arrive
 //!   in order. A request not answered within the transport's retry window
 //!   completes with `RetryExceeded`.
-//! - Responder: a task of its own executes the peer's requests one by one,
-//!   in order (RC ordering: a WRITE lands before the SEND posted after it is
-//!   delivered). A SEND that finds no posted receive waits as a real
-//!   requester would retry after a receiver-not-ready NAK, for the peer's
-//!   `rnr_retry` × `rnr_delay`, then fails with `RnrRetryExceeded`.
+//! - Responder ([`responder`]): the peer's requests execute one by one, in
+//!   order (RC ordering: a WRITE lands before the SEND posted after it is
+//!   delivered), in the backend's reader when they need not wait, else in a
+//!   task of the queue pair's own. A SEND that finds no posted receive waits
+//!   as a real requester would retry after a receiver-not-ready NAK, for the
+//!   peer's `rnr_retry` × `rnr_delay`, then fails with `RnrRetryExceeded`.
 //! - Error state: the first failed request, a lost wire, a protocol
 //!   violation or a local close moves the queue pair to the error state:
 //!   every outstanding request completes with `Flushed`, new posts fail, and
 //!   the peer is told. A connection in error is never reused.
+
+mod responder;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -26,9 +29,9 @@ use tokio::time::Instant;
 
 use super::nic::SoftNic;
 use crate::error::{Result, TransportError, WcError};
-use crate::limits;
 use crate::types::{Access, ConnConfig, Received};
 use crate::work::{Done, Request};
+pub(crate) use responder::Inbound;
 
 /// What crosses the wire after the handshake.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,7 +67,7 @@ impl Frame {
 pub(crate) const MAX_FRAME_BYTES: usize = (1 << 30) + 4096;
 /// Responses queued for the wire before the responder waits.
 const RESPONSE_QUEUE: usize = 1024;
-/// Requests from the peer queued before the responder: beyond this the
+/// Requests from the peer queued for the responder task: beyond this the
 /// peer is flooding and the connection fails.
 const REQUEST_BACKLOG: usize = 16 * 1024;
 
@@ -111,7 +114,7 @@ impl SoftEndpoint {
 pub(crate) struct Wire {
     pub requests: mpsc::UnboundedSender<Frame>,
     pub responses: mpsc::Sender<Frame>,
-    pub incoming: mpsc::UnboundedReceiver<Frame>,
+    pub incoming: Incoming,
     /// Asked at each WRITE that arrives (the inproc fabric's late
     /// landings; `None` elsewhere).
     pub gate: Option<WriteGate>,
@@ -123,30 +126,45 @@ pub(crate) struct Wire {
 pub(crate) type WriteGate =
     Arc<dyn Fn() -> Option<std::pin::Pin<Box<dyn Future<Output = bool> + Send>>> + Send + Sync>;
 
+/// How received frames reach the queue pair.
+pub(crate) enum Incoming {
+    /// On a channel the backend fills (inproc); a task of the queue pair
+    /// reads it.
+    Channel(mpsc::UnboundedReceiver<Frame>),
+    /// The backend's reader (tcp), started with the queue pair's
+    /// [`Inbound`], hands it each frame itself.
+    Reader(Box<dyn FnOnce(Inbound) + Send>),
+}
+
 /// The channels a backend drains to the peer.
 pub(crate) struct WireOut {
     pub requests: mpsc::UnboundedReceiver<Frame>,
     pub responses: mpsc::Receiver<Frame>,
 }
 
-/// Builds the channel pairs of a wire. The backend moves frames from
-/// [`WireOut`] to the peer and from the peer into the returned sender.
+/// Builds the channel pairs of a wire whose received frames the backend
+/// puts on the returned sender.
 pub(crate) fn wire() -> (Wire, WireOut, mpsc::UnboundedSender<Frame>) {
+    let (in_tx, in_rx) = mpsc::unbounded_channel();
+    let (wire, out) = wire_read_by(Incoming::Channel(in_rx));
+    (wire, out, in_tx)
+}
+
+/// Builds the outgoing channels of a wire; frames come in by `incoming`.
+pub(crate) fn wire_read_by(incoming: Incoming) -> (Wire, WireOut) {
     let (req_tx, req_rx) = mpsc::unbounded_channel();
     let (resp_tx, resp_rx) = mpsc::channel(RESPONSE_QUEUE);
-    let (in_tx, in_rx) = mpsc::unbounded_channel();
     (
         Wire {
             requests: req_tx,
             responses: resp_tx,
-            incoming: in_rx,
+            incoming,
             gate: None,
         },
         WireOut {
             requests: req_rx,
             responses: resp_rx,
         },
-        in_tx,
     )
 }
 
@@ -178,10 +196,10 @@ struct Shared {
     /// `None` while ready; the cause once in the error state.
     error: Mutex<Option<String>>,
     requester: Mutex<Requester>,
-    posted_request: Notify,
     qp_access: AtomicU32,
-    /// Requests received and not yet executed.
-    backlog: AtomicUsize,
+    /// What the reader handed to the responder task and the task has not
+    /// answered yet: while above zero, every request goes there, in order.
+    slow: AtomicUsize,
     recv: Mutex<RecvState>,
     recv_ready: Notify,
     recv_posted: Notify,
@@ -219,9 +237,8 @@ impl SoftConn {
                 next_seq: 0,
                 queue: VecDeque::new(),
             }),
-            posted_request: Notify::new(),
             qp_access: AtomicU32::new((Access::ALL_REMOTE | Access::LOCAL_WRITE).bits()),
-            backlog: AtomicUsize::new(0),
+            slow: AtomicUsize::new(0),
             recv: Mutex::new(RecvState {
                 posted: config.recv_depth,
                 queue: VecDeque::new(),
@@ -230,9 +247,13 @@ impl SoftConn {
             recv_posted: Notify::new(),
             config,
         });
-        let (to_responder, responder_rx) = mpsc::unbounded_channel();
-        tokio::spawn(dispatch(shared.clone(), incoming, to_responder));
-        tokio::spawn(respond(shared.clone(), responder_rx, responses));
+        let inbound = Inbound::start(shared.clone(), responses);
+        match incoming {
+            Incoming::Channel(incoming) => {
+                tokio::spawn(inbound.drain(incoming));
+            }
+            Incoming::Reader(start) => start(inbound),
+        }
         tokio::spawn(watchdog(Arc::downgrade(&shared)));
         SoftConn { shared }
     }
@@ -268,7 +289,6 @@ impl SoftConn {
             return Err(s.broken());
         }
         drop(requester);
-        s.posted_request.notify_one();
         Ok(rx)
     }
 
@@ -373,7 +393,6 @@ impl Shared {
         }
         self.recv_ready.notify_waiters();
         self.recv_posted.notify_waiters();
-        self.posted_request.notify_waiters();
         let _ = self.requests.send(Frame::Close { reason: cause });
     }
 
@@ -441,6 +460,21 @@ impl Shared {
         }
     }
 
+    /// Whether a receive is posted.
+    fn receive_posted(&self) -> bool {
+        self.recv.lock().expect("recv lock").posted > 0
+    }
+
+    /// Consumes a posted receive, if there is one.
+    fn take_receive_now(&self) -> bool {
+        let mut recv = self.recv.lock().expect("recv lock");
+        let posted = recv.posted > 0;
+        if posted {
+            recv.posted -= 1;
+        }
+        posted
+    }
+
     /// Waits until a receive is posted, as long as the peer's
     /// receiver-not-ready retries allow. True when one was consumed.
     async fn take_receive(&self) -> bool {
@@ -449,12 +483,8 @@ impl Shared {
         let deadline = Instant::now() + delay * tries;
         loop {
             let posted = self.recv_posted.notified();
-            {
-                let mut recv = self.recv.lock().expect("recv lock");
-                if recv.posted > 0 {
-                    recv.posted -= 1;
-                    return true;
-                }
+            if self.take_receive_now() {
+                return true;
             }
             if self.error.lock().expect("state lock").is_some() {
                 return false;
@@ -475,159 +505,13 @@ impl Shared {
     }
 }
 
-/// Reads the wire: answers go to the requester, requests to the responder.
-/// What the responder takes, in wire order.
-enum Inbound {
-    Request(u64, Request),
-    /// The peer closed: requests it sent before still execute first.
-    Close(String),
-}
-
-async fn dispatch(
-    shared: Arc<Shared>,
-    mut incoming: mpsc::UnboundedReceiver<Frame>,
-    to_responder: mpsc::UnboundedSender<Inbound>,
-) {
-    while let Some(frame) = incoming.recv().await {
-        match frame {
-            Frame::Resp { seq, result } => shared.complete(seq, result),
-            Frame::Ack { upto } => shared.complete_upto(upto),
-            Frame::Req { seq, req } => {
-                if shared.backlog.fetch_add(1, Ordering::AcqRel) >= REQUEST_BACKLOG {
-                    shared.fail("protocol: the peer floods requests".into(), None);
-                    break;
-                }
-                if to_responder.send(Inbound::Request(seq, req)).is_err() {
-                    break;
-                }
-            }
-            Frame::Close { reason } => {
-                if to_responder.send(Inbound::Close(reason.clone())).is_err() {
-                    shared.fail(format!("closed by the peer: {reason}"), None);
-                }
-                return;
-            }
-        }
-    }
-    shared.fail("the wire is closed".into(), None);
-}
-
-/// Executes the peer's requests in order and answers them.
-///
-/// Successful WRITEs and SENDs are acknowledged together: the answer of a
-/// burst of them is one cumulative [`Frame::Ack`], sent once no request is
-/// waiting behind them, before any other answer, and before a SEND's
-/// message is delivered (so that an application reacting to it cannot
-/// overtake its acknowledgement).
-async fn respond(
-    shared: Arc<Shared>,
-    mut requests: mpsc::UnboundedReceiver<Inbound>,
-    responses: mpsc::Sender<Frame>,
-) {
-    // The last request acknowledged but not yet told.
-    let mut unacked: Option<u64> = None;
-    loop {
-        let inbound = match requests.try_recv() {
-            Ok(inbound) => inbound,
-            Err(_) => {
-                if let Some(upto) = unacked.take()
-                    && responses.send(Frame::Ack { upto }).await.is_err()
-                {
-                    break;
-                }
-                match requests.recv().await {
-                    Some(inbound) => inbound,
-                    None => break,
-                }
-            }
-        };
-        let (seq, req) = match inbound {
-            Inbound::Request(seq, req) => (seq, req),
-            Inbound::Close(reason) => {
-                if let Some(upto) = unacked.take() {
-                    let _ = responses.send(Frame::Ack { upto }).await;
-                }
-                shared.fail(format!("closed by the peer: {reason}"), None);
-                break;
-            }
-        };
-        shared.backlog.fetch_sub(1, Ordering::AcqRel);
-        if shared.error.lock().expect("state lock").is_some() {
-            // A queue pair in the error state executes nothing more: what
-            // arrives on it is dropped, as a NIC drops it (what it executed
-            // before is still acknowledged).
-            if let Some(upto) = unacked.take() {
-                let _ = responses.send(Frame::Ack { upto }).await;
-            }
-            break;
-        }
-        let access = Access::from_bits_truncate(shared.qp_access.load(Ordering::Acquire));
-        // A message is delivered to the application only after its
-        // acknowledgement is queued, so that an application that reacts to
-        // it (by closing, say) cannot overtake the acknowledgement.
-        let (result, deliver) = match &req {
-            Request::Send { data } => {
-                if !limits::message_fits(data.len(), shared.config.max_message_bytes) {
-                    (Err(WcError::RemoteInvalidRequest), None)
-                } else if shared.take_receive().await {
-                    (Ok(Done::Ok), Some(Received::Message(data.clone())))
-                } else {
-                    (Err(WcError::RnrRetryExceeded), None)
-                }
-            }
-            Request::Write { imm, data, .. } => {
-                let landed = match shared.gate.as_ref().and_then(|gate| gate()) {
-                    None => shared.nic.execute(&req, access),
-                    // Admitted now, copied once the gate opens: nothing
-                    // else of this queue pair runs in between (RC order).
-                    Some(released) => match shared.nic.admit(&req, access) {
-                        Ok(admitted) if released.await => shared.nic.land(admitted, data),
-                        // Dropped before its copy: it fails at the NIC.
-                        Ok(_) => Err(WcError::RemoteAccess),
-                        Err(e) => Err(e),
-                    },
-                };
-                match (landed, imm) {
-                    (Ok(done), Some(imm)) => {
-                        if shared.take_receive().await {
-                            (Ok(done), Some(Received::WriteImmediate(*imm)))
-                        } else {
-                            (Err(WcError::RnrRetryExceeded), None)
-                        }
-                    }
-                    (result, _) => (result, None),
-                }
-            }
-            _ => (shared.nic.execute(&req, access), None),
-        };
-        let answer = match result {
-            Ok(Done::Ok) if matches!(req, Request::Write { .. } | Request::Send { .. }) => {
-                unacked = Some(seq);
-                // Told now only when a message is delivered with it.
-                deliver.is_some().then_some(Frame::Ack { upto: seq })
-            }
-            result => Some(Frame::Resp { seq, result }),
-        };
-        if let Some(answer) = answer {
-            // What was acknowledged before goes first (in order).
-            if let Some(upto) = unacked.take()
-                && upto < seq
-                && responses.send(Frame::Ack { upto }).await.is_err()
-            {
-                break;
-            }
-            if responses.send(answer).await.is_err() {
-                break;
-            }
-        }
-        if let Some(message) = deliver {
-            shared.deliver(message);
-        }
-    }
-}
-
 /// Fails the oldest request once its deadline passes (and with it the queue
 /// pair): our own timeout above the transport's retries.
+///
+/// Posts do not wake it (that would be a wake-up per round trip of a
+/// lightly loaded connection): while nothing is outstanding it looks again
+/// every quarter of the deadline, so a request posted meanwhile fails
+/// between one and one and a quarter deadlines after its post.
 async fn watchdog(shared: std::sync::Weak<Shared>) {
     loop {
         let Some(s) = shared.upgrade() else { return };
@@ -643,10 +527,9 @@ async fn watchdog(shared: std::sync::Weak<Shared>) {
             .map(|p| (p.seq, p.deadline));
         match oldest {
             None => {
-                // Wait for a post, re-checking periodically so that a dropped
-                // connection ends this task.
-                let posted = async { s.posted_request.notified().await };
-                let _ = tokio::time::timeout(Duration::from_secs(1), posted).await;
+                let idle_look = s.config.op_deadline() / 4;
+                drop(s);
+                tokio::time::sleep(idle_look).await;
             }
             Some((seq, deadline)) if deadline <= Instant::now() => {
                 let still = s
@@ -684,6 +567,13 @@ mod tests {
     /// A queue pair over bare channels, the test playing its peer: the
     /// queue pair, what it sends to the peer, and the peer's frames to it.
     fn qp(mem: &mut [u64]) -> (SoftConn, WireOut, mpsc::UnboundedSender<Frame>, u64, u32) {
+        qp_with(mem, ConnConfig::default())
+    }
+
+    fn qp_with(
+        mem: &mut [u64],
+        config: ConnConfig,
+    ) -> (SoftConn, WireOut, mpsc::UnboundedSender<Frame>, u64, u32) {
         let nic = Arc::new(SoftNic::new(
             DeviceLimits::default(),
             Arc::new(Entropy::os()),
@@ -697,7 +587,6 @@ mod tests {
             )
             .unwrap();
         let (wire, out, to_qp) = wire();
-        let config = ConnConfig::default();
         let endpoint = SoftEndpoint::of(&config);
         let conn = SoftConn::start(nic, "peer".into(), config, endpoint, wire);
         (conn, out, to_qp, addr, rkey)
@@ -804,5 +693,85 @@ mod tests {
             "{:?}",
             conn.broken()
         );
+    }
+
+    fn read(seq: u64, addr: u64, rkey: u32) -> Frame {
+        Frame::Req {
+            seq,
+            req: Request::Read { addr, rkey, len: 8 },
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_behind_a_send_that_waits_for_a_receive_wait_behind_it() {
+        let mut mem = vec![0u64; 4];
+        let config = ConnConfig {
+            recv_depth: 0,
+            ..ConnConfig::default()
+        };
+        let (conn, mut out, to_qp, addr, rkey) = qp_with(&mut mem, config);
+        to_qp
+            .send(Frame::Req {
+                seq: 0,
+                req: Request::Send {
+                    data: b"first".to_vec(),
+                },
+            })
+            .unwrap();
+        to_qp.send(write(1, addr, rkey)).unwrap();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(mem[0], 0, "the WRITE waits behind the SEND (RC order)");
+        assert!(out.responses.try_recv().is_err(), "nothing is answered yet");
+        conn.post_recv(1).unwrap();
+        assert_eq!(out.responses.recv().await, Some(Frame::Ack { upto: 0 }));
+        assert_eq!(out.responses.recv().await, Some(Frame::Ack { upto: 1 }));
+        assert_eq!(mem[0], 0x0101_0101_0101_0101);
+        assert_eq!(
+            conn.recv().await.unwrap(),
+            Received::Message(b"first".to_vec())
+        );
+        // Caught up: the requests after run as before.
+        to_qp.send(write(2, addr + 8, rkey)).unwrap();
+        to_qp.send(read(3, addr + 8, rkey)).unwrap();
+        assert_eq!(out.responses.recv().await, Some(Frame::Ack { upto: 2 }));
+        assert_eq!(
+            out.responses.recv().await,
+            Some(Frame::Resp {
+                seq: 3,
+                result: Ok(Done::Data(vec![2; 8]))
+            })
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn answers_to_our_requests_get_through_while_the_peer_reads_none_of_its_own() {
+        let mut mem = vec![0u64; 4];
+        let (conn, mut out, to_qp, addr, rkey) = qp(&mut mem);
+        let ours = conn.post(Request::Read { addr, rkey, len: 8 }).unwrap();
+        // More answers than the answer queue holds, which nobody drains
+        // yet, then the answer to our READ.
+        let theirs = RESPONSE_QUEUE as u64 + 100;
+        for seq in 0..theirs {
+            to_qp.send(read(seq, addr, rkey)).unwrap();
+        }
+        to_qp
+            .send(Frame::Resp {
+                seq: 0,
+                result: Ok(Done::Data(vec![7; 8])),
+            })
+            .unwrap();
+        assert_eq!(ours.await.unwrap(), Ok(Done::Data(vec![7; 8])));
+        for seq in 0..theirs {
+            assert_eq!(
+                out.responses.recv().await,
+                Some(Frame::Resp {
+                    seq,
+                    result: Ok(Done::Data(vec![0; 8]))
+                }),
+                "answers in order"
+            );
+        }
     }
 }
