@@ -176,3 +176,42 @@ fn a_proposal_forwarded_across_the_death_waits_for_the_next_leader() {
         );
     });
 }
+
+/// The first turn's log is behind (the dead leader's last entry reached
+/// only the second turn): the first turn cannot win, and the second must
+/// not be left to split the vote with it. Before the fix the second stood
+/// after its turn at the same term as the first, neither won, and an
+/// ordinary election followed (one more election timeout).
+#[test]
+fn a_first_turn_whose_log_is_behind_is_replaced_without_a_split_vote() {
+    paused_runtime().block_on(async {
+        let mut c = cluster(true).await;
+        let (leader, survivors) = leader_and_others(&c).await;
+        let (first, second) = (survivors[0], survivors[1]);
+        assert!(first < second, "turns go by id");
+        let addr = |id: u64| c.members[&id].config.listen.clone();
+        let (leader_addr, first_addr) = (addr(leader), addr(first));
+        // What the leader sends the first turn from now on waits.
+        c.fabric.hold_sends(&leader_addr, &first_addr);
+        c.propose(b"ahead".to_vec(), PATIENCE)
+            .await
+            .expect("committed by the leader and the second turn");
+        let stopped = Instant::now();
+        c.stop(leader).await;
+        // The held SEND dies with the connection, whose end the first turn
+        // sees (the close does not wait behind the SEND).
+        assert!(c.fabric.drop_connections(&leader_addr, &first_addr) > 0);
+        let next = c.leader_among(&survivors, PATIENCE).await;
+        let took = stopped.elapsed();
+        println!("stop -> agreed new leader {next}: {took:?} (virtual)");
+        assert_eq!(next, second, "only the second turn holds every commit");
+        assert!(
+            took < ordinary_failover(&c) / 4,
+            "a new leader {took:?} after the stop: no faster than an ordinary election ({:?})",
+            ordinary_failover(&c)
+        );
+        c.propose(b"after".to_vec(), PATIENCE)
+            .await
+            .expect("the new leader commits");
+    });
+}

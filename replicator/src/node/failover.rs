@@ -24,8 +24,19 @@
 //! Every follower that confirms the death would stand at once; to avoid a
 //! split vote they take turns: the voters other than the dead leader, by
 //! id, each one heartbeat interval after the one before, and a turn is
-//! skipped once a new leader (a new vote) is known. A follower whose log
-//! is behind loses its turn's vote and the next one stands.
+//! skipped once a new leader (a new vote) is known.
+//!
+//! A follower whose log is behind loses its turn's vote: the voters whose
+//! log is longer refuse it, and it has voted for itself in the term after
+//! the dead leader's. A later turn that stood in that same term would split
+//! the vote with it (and an ordinary election, an election timeout later,
+//! would follow). So a voter that refuses such a candidate for its log
+//! (the server tells the watcher, [`FailoverNews::refused_behind`]) takes
+//! the candidate's term as its own (it casts, locally, the vote it refused
+//! to send: it can then vote for no one else in that term, which is all a
+//! vote promises) and stands in the term after it. It stands at once when
+//! the candidate cannot win without it (the other live voters are no
+//! quorum), else at its turn.
 //!
 //! Owns the decision to stand on a confirmed death; it must never stand
 //! on a suspicion (a timeout, a silence) nor while this node may not vote
@@ -36,13 +47,13 @@ use std::time::Duration;
 
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
-use openraft::raft::TransferLeaderRequest;
+use openraft::raft::{TransferLeaderRequest, VoteRequest};
 use ringraft_transport::{Device, Probe};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::log_store::LogStore;
 use crate::metrics::Metrics;
-use crate::types::Raft;
+use crate::types::{LogId, Raft, TypeConfig, Vote};
 
 /// Ended connections queued for the watcher, at most; more are dropped
 /// (a death ends one connection per peer; the rest are the same news).
@@ -51,15 +62,33 @@ const LOST_QUEUE: usize = 64;
 /// a moment before the dying process's listening socket closes.
 const PROBES: u32 = 4;
 
-/// Where the server reports a peer whose connection ended.
+/// What the server tells the watcher: peers whose connection ended, and
+/// candidates it refused for their log.
 #[derive(Clone, Debug)]
-pub(crate) struct LostPeers(mpsc::Sender<u64>);
+pub(crate) struct FailoverNews {
+    lost: mpsc::Sender<u64>,
+    behind: Arc<watch::Sender<Option<Vote>>>,
+}
 
-impl LostPeers {
+impl FailoverNews {
     /// Reports that `peer`'s connection to this node ended, not closed by
     /// this node. Never waits: when the queue is full the news is dropped.
-    pub(crate) fn report(&self, peer: u64) {
-        let _ = self.0.try_send(peer);
+    pub(crate) fn lost(&self, peer: u64) {
+        let _ = self.lost.try_send(peer);
+    }
+
+    /// Told of this node's answer to a vote `request`: a refusal of a
+    /// leadership-transfer election because the candidate's log is behind
+    /// this node's (`last_log_id`, as the answer gives it) is news.
+    pub(crate) fn answered(
+        &self,
+        request: &VoteRequest<TypeConfig>,
+        granted: bool,
+        last_log_id: Option<&LogId>,
+    ) {
+        if !granted && request.leadership_transfer && last_log_id > request.last_log_id.as_ref() {
+            self.behind.send_replace(Some(request.vote));
+        }
     }
 }
 
@@ -74,12 +103,27 @@ pub(super) struct Watcher {
     pub(super) turn: Duration,
     /// One probe's time limit.
     pub(super) probe_timeout: Duration,
+    /// The last candidate this node refused for its log.
+    pub(super) behind: watch::Receiver<Option<Vote>>,
 }
 
-/// A reporter and the receiver its watcher runs on.
-pub(super) fn lost_peers() -> (LostPeers, mpsc::Receiver<u64>) {
-    let (tx, rx) = mpsc::channel(LOST_QUEUE);
-    (LostPeers(tx), rx)
+/// A reporter and what its watcher runs on: the ended connections and the
+/// refused candidates.
+pub(super) fn failover_news() -> (
+    FailoverNews,
+    mpsc::Receiver<u64>,
+    watch::Receiver<Option<Vote>>,
+) {
+    let (lost, lost_rx) = mpsc::channel(LOST_QUEUE);
+    let (behind, behind_rx) = watch::channel(None);
+    (
+        FailoverNews {
+            lost,
+            behind: Arc::new(behind),
+        },
+        lost_rx,
+        behind_rx,
+    )
 }
 
 impl Watcher {
@@ -137,25 +181,115 @@ impl Watcher {
             turn,
             "the leader is gone (its connection ended, its address refuses): standing for election"
         );
-        if turn > 0 && self.new_vote_within(&vote, self.turn * turn).await {
-            return true;
-        }
+        // The candidates that cannot win without this node: the other
+        // live voters are no quorum.
+        let others_live = voters
+            .iter()
+            .filter(|v| **v != peer && **v != self.id)
+            .count();
+        let needed = others_live * 2 <= voters.len();
+        let behind = match self.wait_turn(&vote, self.turn * turn, needed).await {
+            Turn::NewVote => return true,
+            Turn::Came => self.behind_candidate(&vote),
+            Turn::Behind(candidate) => Some(candidate),
+        };
         if self.store.votes_blocked() || self.raft.metrics().borrow_watched().vote != vote {
             return true;
         }
+        let from = match &behind {
+            None => vote,
+            Some(candidate) => match self.take_term_of(candidate).await {
+                Some(adopted) => adopted,
+                None => return true,
+            },
+        };
         self.metrics.fast_elections.inc();
-        tracing::info!(
-            leader = peer,
-            turn,
-            "no new leader by this node's turn: standing"
-        );
+        match behind {
+            None => tracing::info!(
+                leader = peer,
+                turn,
+                "no new leader by this node's turn: standing"
+            ),
+            Some(candidate) => tracing::info!(
+                leader = peer,
+                turn,
+                %candidate,
+                "a candidate whose log is behind this node's stood: standing in the term after it"
+            ),
+        }
         // `None`: no log requirement on this node (it stands on its own log;
         // the voters judge it).
-        let request = TransferLeaderRequest::new(vote, self.id, None);
+        let request = TransferLeaderRequest::new(from, self.id, None);
         if let Err(e) = self.raft.handle_transfer_leader(request).await {
             tracing::warn!(error = %e, "standing for election after the leader's death");
         }
         true
+    }
+
+    /// Waits for this node's turn (`wait`), or until its vote moves on from
+    /// `vote`, or until it refuses a candidate of the term after `vote`
+    /// for its log (when `needed`: that candidate cannot win without it).
+    async fn wait_turn(&self, vote: &Vote, wait: Duration, needed: bool) -> Turn {
+        let mut behind = self.behind.clone();
+        let refused = async {
+            loop {
+                if needed
+                    && let Some(candidate) = self.candidate_after(vote, &behind.borrow_and_update())
+                {
+                    return candidate;
+                }
+                if behind.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::select! {
+            biased;
+            moved = self.new_vote_within(vote, wait) => if moved { Turn::NewVote } else { Turn::Came },
+            candidate = refused => Turn::Behind(candidate),
+        }
+    }
+
+    /// The candidate of the term after `vote` this node refused for its
+    /// log, if any.
+    fn behind_candidate(&self, vote: &Vote) -> Option<Vote> {
+        self.candidate_after(vote, &self.behind.borrow())
+    }
+
+    fn candidate_after(&self, vote: &Vote, refused: &Option<Vote>) -> Option<Vote> {
+        refused
+            .as_ref()
+            .filter(|candidate| candidate.leader_id().term == vote.leader_id().term + 1)
+            .copied()
+    }
+
+    /// Makes `candidate`'s term this node's own by casting, locally, the
+    /// vote it refused to send (stated as a request with this node's own
+    /// log, which is what passes the log check; the answer goes nowhere).
+    /// Returns this node's new vote, or `None` when it did not take it
+    /// (the vote moved on meanwhile).
+    async fn take_term_of(&self, candidate: &Vote) -> Option<Vote> {
+        let last_log_id = match self
+            .raft
+            .with_raft_state(|st| st.log_ids.last().cloned())
+            .await
+        {
+            Ok(last) => last,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the log's end to stand after a candidate");
+                return None;
+            }
+        };
+        let mut request = VoteRequest::new(*candidate, last_log_id);
+        request.leadership_transfer = true;
+        match self.raft.vote(request).await {
+            Ok(answer) if answer.vote_granted => Some(answer.vote),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "taking the term of a candidate this node refused");
+                None
+            }
+        }
     }
 
     /// Whether `addr` refuses a probe, asked up to [`PROBES`] times a
@@ -175,7 +309,7 @@ impl Watcher {
     }
 
     /// Whether this node's vote moves on from `vote` within `wait`.
-    async fn new_vote_within(&self, vote: &crate::types::Vote, wait: Duration) -> bool {
+    async fn new_vote_within(&self, vote: &Vote, wait: Duration) -> bool {
         let mut metrics = self.raft.metrics();
         let changed = async {
             loop {
@@ -190,4 +324,15 @@ impl Watcher {
         };
         tokio::time::timeout(wait, changed).await.is_ok()
     }
+}
+
+/// How a wait for this node's turn ended.
+enum Turn {
+    /// A new vote is known: someone else stood.
+    NewVote,
+    /// The turn came.
+    Came,
+    /// This node refused the candidate for its log, and the candidate
+    /// cannot win without it.
+    Behind(Vote),
 }

@@ -50,7 +50,7 @@ mod retention;
 mod start;
 mod status;
 
-pub(crate) use failover::LostPeers;
+pub(crate) use failover::FailoverNews;
 pub(crate) use propose::propose_here;
 
 pub use config::{Fabric, NodeConfig, ReadConsistency};

@@ -127,7 +127,7 @@ impl NodeBuilder {
         )
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
-        let (lost, lost_rx) = super::failover::lost_peers();
+        let (failover, lost_rx, behind) = super::failover::failover_news();
         let server_ctx = ServerCtx {
             raft: raft.clone(),
             store: storage.store.clone(),
@@ -136,7 +136,7 @@ impl NodeBuilder {
             admission: storage.admission.clone(),
             seeds: seeds.clone(),
             next_connection: std::sync::atomic::AtomicU64::new(1),
-            lost,
+            failover,
             metrics: metrics.clone(),
         };
         let mut tasks = spawn_tasks(listener, server_ctx, &raft, &storage, &seeds);
@@ -149,6 +149,7 @@ impl NodeBuilder {
                 metrics: metrics.clone(),
                 turn: Duration::from_millis(config.heartbeat_ms),
                 probe_timeout: Duration::from_millis(config.election_timeout_ms.0),
+                behind,
             };
             tasks.push(rt::spawn(&seeds, watcher.run(lost_rx)));
         }

@@ -48,8 +48,9 @@ pub struct ServerCtx {
     /// process.
     pub next_connection: std::sync::atomic::AtomicU64,
     /// Told of each peer whose connection ended without this side closing
-    /// it (the node's fast failover, `node::failover`).
-    pub(crate) lost: crate::node::LostPeers,
+    /// it, and of candidates refused for their log (the node's fast
+    /// failover, `node::failover`).
+    pub(crate) failover: crate::node::FailoverNews,
     /// The node's metrics (requests served).
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
 }
@@ -91,7 +92,7 @@ async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
             biased;
             reply = pipeline.next_reply(), if pipeline.busy() => {
                 if !send_reply(&conn, &reply).await {
-                    ctx.lost.report(peer);
+                    ctx.failover.lost(peer);
                     return;
                 }
                 continue;
@@ -102,7 +103,7 @@ async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
             Ok(Received::Message(bytes)) => bytes,
             Ok(Received::WriteImmediate(_)) => continue,
             Err(_) => {
-                ctx.lost.report(peer);
+                ctx.failover.lost(peer);
                 return;
             }
         };
@@ -126,13 +127,13 @@ async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
         while pipeline.busy() {
             let reply = pipeline.next_reply().await;
             if !send_reply(&conn, &reply).await {
-                ctx.lost.report(peer);
+                ctx.failover.lost(peer);
                 return;
             }
         }
         let reply = handle(&mut acceptor, request, conn_id, &ctx).await;
         if !send_reply(&conn, &reply).await {
-            ctx.lost.report(peer);
+            ctx.failover.lost(peer);
             return;
         }
     }
@@ -184,7 +185,15 @@ async fn handle(acceptor: &mut Acceptor, request: Request, conn_id: u64, ctx: &S
             let answer = if pre {
                 ctx.raft.pre_vote(request).await
             } else {
-                ctx.raft.vote(request).await
+                let answer = ctx.raft.vote(request.clone()).await;
+                if let Ok(answer) = &answer {
+                    ctx.failover.answered(
+                        &request,
+                        answer.vote_granted,
+                        answer.last_log_id.as_ref(),
+                    );
+                }
+                answer
             };
             match answer {
                 Ok(resp) => Reply::Voted(resp),
