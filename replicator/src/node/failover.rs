@@ -267,7 +267,8 @@ impl Watcher {
     /// vote it refused to send (stated as a request with this node's own
     /// log, which is what passes the log check; the answer goes nowhere).
     /// Returns this node's new vote, or `None` when it did not take it
-    /// (the vote moved on meanwhile).
+    /// (the vote moved on meanwhile, or the candidate is known to have
+    /// won).
     async fn take_term_of(&self, candidate: &Vote) -> Option<Vote> {
         let last_log_id = match self
             .raft
@@ -283,7 +284,9 @@ impl Watcher {
         let mut request = VoteRequest::new(*candidate, last_log_id);
         request.leadership_transfer = true;
         match self.raft.vote(request).await {
-            Ok(answer) if answer.vote_granted => Some(answer.vote),
+            // A committed vote: the candidate won meanwhile (and this node
+            // heard of it): nothing to stand in.
+            Ok(answer) if answer.vote_granted && !answer.vote.is_committed() => Some(answer.vote),
             Ok(_) => None,
             Err(e) => {
                 tracing::warn!(error = %e, "taking the term of a candidate this node refused");
