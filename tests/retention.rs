@@ -279,9 +279,10 @@ async fn retention_by_size_trims_the_oldest_records_on_every_node() {
     for id in 1..=3 {
         let node = c.node(id);
         wait_first(node, first).await;
-        let records = all_records(node, *node.watch_first_index().borrow())
-            .await
-            .unwrap();
+        // Copied out first: the borrow blocks the channel's sender (the
+        // state machine, which the read below may need) while it is held.
+        let first_now = *node.watch_first_index().borrow();
+        let records = all_records(node, first_now).await.unwrap();
         let bytes: usize = records.iter().map(|r| r.data.len()).sum();
         assert!(
             bytes as u64 <= RETAIN,
