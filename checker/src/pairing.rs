@@ -89,7 +89,7 @@ impl Operation {
 /// # Errors
 ///
 /// [`CheckError::Structure`] listing the problems (at most
-/// [`MAX_STRUCTURE_PROBLEMS`]) when any rule above is broken.
+/// `MAX_STRUCTURE_PROBLEMS`) when any rule above is broken.
 pub fn pair_operations(events: &[Event]) -> Result<Vec<Operation>, CheckError> {
     let pairing = Pairer::run(events);
     if pairing.problems.is_empty() {

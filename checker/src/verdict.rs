@@ -261,7 +261,7 @@ impl Verdict {
 
 impl fmt::Display for Verdict {
     /// One line of counts, then each anomaly with its operations (at most
-    /// [`MAX_SHOWN_PER_KIND`] per kind), then the nodes not checked.
+    /// `MAX_SHOWN_PER_KIND` per kind), then the nodes not checked.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let counts = self.counts_by_kind();
         let s = &self.summary;

@@ -38,7 +38,7 @@ pub async fn remove(world: &mut World, node: u64) {
 }
 
 /// Makes every node a voter again, through whichever node leads; fails the
-/// run when the cluster cannot within [`RESTORE_PATIENCE`].
+/// run when the cluster cannot within `RESTORE_PATIENCE`.
 pub async fn restore(world: &mut World) -> Result<(), String> {
     let all: BTreeSet<u64> = ids(world).into_iter().collect();
     let deadline = Instant::now() + RESTORE_PATIENCE;

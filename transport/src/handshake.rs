@@ -6,7 +6,7 @@
 //! both sides have proven the secret: an unknown peer learns two random
 //! nonces and a MAC.
 //!
-//! # Messages (each a frame: u32 LE length, then bincode of [`Message`])
+//! # Messages (each a frame: u32 LE length, then bincode of `Message`)
 //!
 //! ```text
 //! client -> server  Hello     { magic "RRTX", version, backend, node id, client nonce }

@@ -2,7 +2,7 @@
 //!
 //! After the handshake the stream carries length-prefixed frames (u32 LE
 //! length, then bincode of a frame, at most ~1 GiB). A reader task decodes
-//! frames through a buffer and hands each to the queue pair's [`Inbound`]
+//! frames through a buffer and hands each to the queue pair's `Inbound`
 //! itself (which executes most requests there and then); a writer task
 //! encodes the queue pair's outgoing frames into one buffer, so that what
 //! is queued together leaves in one write. A malformed frame, a frame

@@ -1,5 +1,5 @@
 //! PLANTED BUG `skip-epoch-check` — test-only: with the `planted-bugs`
-//! feature, [`skip_epoch_check`] makes adoption take records of any epoch
+//! feature, `skip_epoch_check` makes adoption take records of any epoch
 //! instead of only the fence's (`validate.rs`, [`crate::validate::Check`]).
 //! It exists so that the simulator (`sim/`) can show that it finds the
 //! bug. Without the feature, the check can never be skipped.

@@ -16,7 +16,7 @@
 //!   follow the break: something inside the log was lost.
 //!
 //! [`crate::ring`] runs this scan when it opens a ring, and
-//! [`crate::check`] runs it offline. No I/O here.
+//! [`crate::check`](mod@crate::check) runs it offline. No I/O here.
 //!
 //! # Cost
 //!
@@ -30,7 +30,7 @@
 //! bytes (hours for a 1 GiB ring). So the search checksums candidates
 //! directly while that stays within one capacity, and beyond it checksums
 //! each line of the area once and derives every candidate's CRC from those
-//! prefix checksums ([`crate::crc`]), in constant time per candidate and
+//! prefix checksums (`crate::crc`), in constant time per candidate and
 //! with 4 bytes of memory per line. The verdict is the same either way.
 
 use crate::crc::PrefixCrcs;

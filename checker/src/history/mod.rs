@@ -4,7 +4,7 @@
 //!
 //! The format is the contract in `notes/jepsen-format.md` (summarised in
 //! `checker/CHECKER.md`). This module owns the types and the structural
-//! validation of single events; [`files`] owns reading and writing them as
+//! validation of single events; `files` owns reading and writing them as
 //! files. It must never know anything of ringraft's code, and it never
 //! panics on bad input: a malformed event is an error naming what is wrong.
 

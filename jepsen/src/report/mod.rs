@@ -1,8 +1,8 @@
 //! The checker's outputs in a run directory: `report.txt` (for people,
-//! [`text`]), `report.json` (for tools), `plot.svg` (throughput and latency
-//! over time, fault windows shaded: [`plot`] computes the series, [`svg`]
+//! `text`), `report.json` (for tools), `plot.svg` (throughput and latency
+//! over time, fault windows shaded: `plot` computes the series, `svg`
 //! draws them) and `history.edn` (the history in Jepsen's EDN format, for
-//! Knossos or Elle users: [`edn`]).
+//! Knossos or Elle users: `edn`).
 //!
 //! This module only renders what the checker (`ringraft-checker`) decided
 //! and what the history holds, with the checker's pairing of operations; it

@@ -2,7 +2,7 @@
 //! (unique names `rrj<tag>...`, subnet `10.79.<k>.0/24`), the `tcp` fabric,
 //! and iptables DROP rules inside the namespaces for partitions, one-way
 //! included. Needs root. Everything it creates is listed as it is created and
-//! removed by [`Substrate::teardown`] (also on drop): the namespaces take
+//! removed by [`Substrate::teardown`](super::Substrate::teardown) (also on drop): the namespaces take
 //! their iptables rules and veth ends with them; the bridge goes last. The
 //! processes belong to [`OnProcesses`]; this module owns the network only.
 

@@ -47,7 +47,7 @@ pub struct NodeConfig {
     /// inproc fabric).
     pub listen: String,
     /// The initial voters, by id and listen address (this node included),
-    /// used by [`Node::initialize`].
+    /// used by [`Node::initialize`](crate::Node::initialize).
     pub peers: BTreeMap<u64, String>,
     /// Where the metadata file and the snapshot live (the ring's name is
     /// kept there too).
@@ -73,18 +73,18 @@ pub struct NodeConfig {
     pub snapshot_every_entries: u64,
     /// Entries kept in the log behind the last snapshot before openraft
     /// purges it (whole segments below the purge point are deleted).
-    /// `u64::MAX` keeps the log until a trim ([`Node::trim`], or the
+    /// `u64::MAX` keeps the log until a trim ([`Node::trim`](crate::Node::trim), or the
     /// retention below) removes it: what a node whose log is its data
     /// (the daemon) uses.
     pub keep_after_snapshot: u64,
-    /// Retention by size: the leader trims the log ([`Node::trim`]) so that
+    /// Retention by size: the leader trims the log ([`Node::trim`](crate::Node::trim)) so that
     /// the records kept take at most this many bytes of segments.
     pub retain_bytes: Option<u64>,
     /// Retention by age: the leader trims every closed segment last
     /// written longer ago than this.
     pub retain_age: Option<Duration>,
     /// How long a proposal waits for room in a full ring before it is
-    /// refused with [`NodeError::Busy`], milliseconds (below the forwarding
+    /// refused with [`NodeError::Busy`](crate::NodeError::Busy), milliseconds (below the forwarding
     /// timeout, 10 × the largest election timeout). See [`crate::admission`].
     pub admission_wait_ms: u64,
     /// Queue pair parameters of every connection.
@@ -109,7 +109,7 @@ pub struct NodeConfig {
     /// Replace a leader at once when the fabric confirms it is gone (its
     /// connection to this node ended and nothing listens at its address
     /// any more), instead of after its lease and an election timeout
-    /// ([`super::failover`]). Default on. Turn it off where the network
+    /// (`super::failover`). Default on. Turn it off where the network
     /// between the nodes may forge TCP resets (an `iptables REJECT
     /// --reject-with tcp-reset` rule): a forged refusal would end a live
     /// leader's lease early, and lease reads assume it cannot.

@@ -51,7 +51,7 @@ pub enum NodeError {
     #[error("timed out: {0}")]
     Timeout(String),
     /// A session's command reached the log before its predecessor was
-    /// applied, so it was not applied (see [`Session`]): retry it, with the
+    /// applied, so it was not applied (see [`Session`](crate::Session)): retry it, with the
     /// same session and seq, once the earlier seqs are acknowledged.
     #[error(
         "client {client_id}: seq {seq} came before seq {expected}, which is not applied yet; \
@@ -79,7 +79,7 @@ pub enum NodeError {
     #[error("{0}")]
     DiskFull(String),
     /// A read below the first index this node holds: the records there
-    /// were trimmed (retention, [`Node::trim`]), or, on a node that a
+    /// were trimmed (retention, [`Node::trim`](crate::Node::trim)), or, on a node that a
     /// snapshot caught up, never reached it.
     #[error(
         "index {index} is below the first index this node holds ({first}): \

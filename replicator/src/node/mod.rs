@@ -19,7 +19,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Owns the [`Node`] handle and what it holds ([`Inner`]); each job lives
+//! Owns the [`Node`] handle and what it holds (`Inner`); each job lives
 //! in a module of its own: `config`, `error`, `start` (the builder),
 //! `propose`, `links` (the links forwarded calls take), `failover` (a
 //! leader the fabric finds gone is replaced at once), `read`,

@@ -35,6 +35,7 @@ pub struct Status {
 }
 
 impl Node {
+    /// openraft's metrics, as a watch (`changed().await`, `borrow_watched()`
     /// through [`openraft::async_runtime::WatchReceiver`]).
     pub fn watch(
         &self,

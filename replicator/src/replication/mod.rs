@@ -10,7 +10,7 @@
 //! - [`acceptor`]: the follower's side of one connection ([`Acceptor`]):
 //!   which requests of which peer it takes, the fence and vote checks,
 //!   reassembling split payloads, under limits;
-//! - [`checks`]: what a peer sends, checked before any use (pure);
+//! - `checks`: what a peer sends, checked before any use (pure);
 //! - [`error`]: why an exchange failed ([`ReplicationError`]).
 //!
 //! The glue lives in `network/` (the leader's side, openraft's

@@ -4,7 +4,7 @@
 //! [`Acceptor`]'s decision; this module only reads the node's state for
 //! it and performs the [`Step`] it returns (on the ring, the log store and
 //! openraft). AppendEntries written one-sided (and heartbeats) are
-//! pipelined to openraft ([`pipeline`]); any other request waits until
+//! pipelined to openraft (`pipeline`); any other request waits until
 //! those in flight are answered. A malformed message closes that
 //! connection and nothing else.
 

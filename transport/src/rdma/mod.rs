@@ -3,19 +3,19 @@
 //!
 //! Layers, bottom up:
 //! - a safe RAII layer over the verbs objects, one object per module:
-//!   [`context`] (device list, opened device, port and GID queries),
-//!   [`pd`] (protection domain), [`mr`] (memory registration and typed
-//!   access flags), [`cq`] (completion channel and completion queue),
-//!   [`qp`] (queue pair). Each releases its object on drop and holds an
+//!   `context` (device list, opened device, port and GID queries),
+//!   `pd` (protection domain), `mr` (memory registration and typed
+//!   access flags), `cq` (completion channel and completion queue),
+//!   `qp` (queue pair). Each releases its object on drop and holds an
 //!   `Arc` of its parent, so a parent can never be freed under a child.
 //!   Every `unsafe` block says why it is sound; posting is `unsafe` with its
 //!   memory contract spelled out.
-//! - plain logic tested on any host: [`staging`] (the staging ring),
-//!   [`endpoint`] (the bootstrap wire format), the status and timer
+//! - plain logic tested on any host: `staging` (the staging ring),
+//!   `endpoint` (the bootstrap wire format), the status and timer
 //!   encodings.
-//! - the backend: [`device`] ([`RdmaDevice`], [`RdmaRegion`]), [`conn`]
+//! - the backend: `device` ([`RdmaDevice`], [`RdmaRegion`]), `conn`
 //!   ([`RdmaConnection`]: posting, the completion driver, receives, the
-//!   error state) and [`bootstrap`] ([`RdmaListener`], connection setup over
+//!   error state) and `bootstrap` ([`RdmaListener`], connection setup over
 //!   an authenticated TCP handshake).
 //!
 //! Soft-RoCE notes: `retry_count` and `rnr_retry` are capped at 6 (rxe

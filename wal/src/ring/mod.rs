@@ -17,7 +17,7 @@
 //! What the ring guarantees:
 //! - it never writes, nor adopts, past `head + capacity` (a full ring is
 //!   [`WalError::RingFull`], which the caller waits on), nor past the end of
-//!   the lsn space, [`MAX_LSN`] ([`WalError::LsnSpaceExhausted`]);
+//!   the lsn space, [`MAX_LSN`](crate::layout::MAX_LSN) ([`WalError::LsnSpaceExhausted`]);
 //! - adopted records are never overwritten by the ring itself except by
 //!   [`Ring::truncate_after`], which also erases them so that recovery does
 //!   not bring them back;
@@ -309,13 +309,13 @@ impl Ring {
     }
 
     /// Bytes that can be written before reaching `head + capacity` (or the
-    /// end of the lsn space, [`MAX_LSN`]).
+    /// end of the lsn space, [`MAX_LSN`](crate::layout::MAX_LSN)).
     pub fn free_bytes(&self) -> u64 {
         self.window_end() - self.tail_lsn
     }
 
     /// Where the window of bytes a writer may fill ends: `head + capacity`,
-    /// or [`MAX_LSN`] in the last lap of the lsn space.
+    /// or [`MAX_LSN`](crate::layout::MAX_LSN) in the last lap of the lsn space.
     pub fn window_end(&self) -> u64 {
         self.geometry.window_end(self.head_lsn)
     }
