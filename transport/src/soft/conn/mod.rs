@@ -604,6 +604,21 @@ mod tests {
         }
     }
 
+    fn read(seq: u64, addr: u64, rkey: u32) -> Frame {
+        Frame::Req {
+            seq,
+            req: Request::Read { addr, rkey, len: 8 },
+        }
+    }
+
+    /// The answer to [`read`] number `seq` of 8 bytes of `byte`.
+    fn read_answer(seq: u64, byte: u8) -> Frame {
+        Frame::Resp {
+            seq,
+            result: Ok(Done::Data(vec![byte; 8])),
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_burst_of_writes_and_its_send_are_answered_with_one_acknowledgement() {
         let mut mem = vec![0u64; 4];
@@ -634,21 +649,10 @@ mod tests {
         let mut mem = vec![0u64; 4];
         let (_conn, mut out, to_qp, addr, rkey) = qp(&mut mem);
         to_qp.send(write(0, addr, rkey)).unwrap();
-        to_qp
-            .send(Frame::Req {
-                seq: 1,
-                req: Request::Read { addr, rkey, len: 8 },
-            })
-            .unwrap();
+        to_qp.send(read(1, addr, rkey)).unwrap();
         to_qp.send(write(2, addr, rkey.wrapping_add(1))).unwrap();
         assert_eq!(out.responses.recv().await, Some(Frame::Ack { upto: 0 }));
-        assert_eq!(
-            out.responses.recv().await,
-            Some(Frame::Resp {
-                seq: 1,
-                result: Ok(Done::Data(vec![0; 8]))
-            })
-        );
+        assert_eq!(out.responses.recv().await, Some(read_answer(1, 0)));
         assert_eq!(
             out.responses.recv().await,
             Some(Frame::Resp {
@@ -695,13 +699,6 @@ mod tests {
         );
     }
 
-    fn read(seq: u64, addr: u64, rkey: u32) -> Frame {
-        Frame::Req {
-            seq,
-            req: Request::Read { addr, rkey, len: 8 },
-        }
-    }
-
     #[tokio::test(start_paused = true)]
     async fn requests_behind_a_send_that_waits_for_a_receive_wait_behind_it() {
         let mut mem = vec![0u64; 4];
@@ -736,13 +733,7 @@ mod tests {
         to_qp.send(write(2, addr + 8, rkey)).unwrap();
         to_qp.send(read(3, addr + 8, rkey)).unwrap();
         assert_eq!(out.responses.recv().await, Some(Frame::Ack { upto: 2 }));
-        assert_eq!(
-            out.responses.recv().await,
-            Some(Frame::Resp {
-                seq: 3,
-                result: Ok(Done::Data(vec![2; 8]))
-            })
-        );
+        assert_eq!(out.responses.recv().await, Some(read_answer(3, 2)));
     }
 
     #[tokio::test(start_paused = true)]
@@ -766,10 +757,7 @@ mod tests {
         for seq in 0..theirs {
             assert_eq!(
                 out.responses.recv().await,
-                Some(Frame::Resp {
-                    seq,
-                    result: Ok(Done::Data(vec![0; 8]))
-                }),
+                Some(read_answer(seq, 0)),
                 "answers in order"
             );
         }
