@@ -31,7 +31,7 @@
 //! the dead leader's. A later turn that stood in that same term would split
 //! the vote with it (and an ordinary election, an election timeout later,
 //! would follow). So a voter that refuses such a candidate for its log
-//! (the server tells the watcher, [`FailoverNews::refused_behind`]) takes
+//! (the server tells the watcher, [`FailoverNews::answered`]) takes
 //! the candidate's term as its own (it casts, locally, the vote it refused
 //! to send: it can then vote for no one else in that term, which is all a
 //! vote promises) and stands in the term after it. It stands at once when
@@ -67,7 +67,7 @@ const PROBES: u32 = 4;
 #[derive(Clone, Debug)]
 pub(crate) struct FailoverNews {
     lost: mpsc::Sender<u64>,
-    behind: Arc<watch::Sender<Option<Vote>>>,
+    behind: watch::Sender<Option<Vote>>,
 }
 
 impl FailoverNews {
@@ -116,14 +116,7 @@ pub(super) fn failover_news() -> (
 ) {
     let (lost, lost_rx) = mpsc::channel(LOST_QUEUE);
     let (behind, behind_rx) = watch::channel(None);
-    (
-        FailoverNews {
-            lost,
-            behind: Arc::new(behind),
-        },
-        lost_rx,
-        behind_rx,
-    )
+    (FailoverNews { lost, behind }, lost_rx, behind_rx)
 }
 
 impl Watcher {
@@ -190,7 +183,7 @@ impl Watcher {
         let needed = others_live * 2 <= voters.len();
         let behind = match self.wait_turn(&vote, self.turn * turn, needed).await {
             Turn::NewVote => return true,
-            Turn::Came => self.behind_candidate(&vote),
+            Turn::Came => candidate_after(&vote, &self.behind.borrow()),
             Turn::Behind(candidate) => Some(candidate),
         };
         if self.store.votes_blocked() || self.raft.metrics().borrow_watched().vote != vote {
@@ -234,7 +227,7 @@ impl Watcher {
         let refused = async {
             loop {
                 if needed
-                    && let Some(candidate) = self.candidate_after(vote, &behind.borrow_and_update())
+                    && let Some(candidate) = candidate_after(vote, &behind.borrow_and_update())
                 {
                     return candidate;
                 }
@@ -248,19 +241,6 @@ impl Watcher {
             moved = self.new_vote_within(vote, wait) => if moved { Turn::NewVote } else { Turn::Came },
             candidate = refused => Turn::Behind(candidate),
         }
-    }
-
-    /// The candidate of the term after `vote` this node refused for its
-    /// log, if any.
-    fn behind_candidate(&self, vote: &Vote) -> Option<Vote> {
-        self.candidate_after(vote, &self.behind.borrow())
-    }
-
-    fn candidate_after(&self, vote: &Vote, refused: &Option<Vote>) -> Option<Vote> {
-        refused
-            .as_ref()
-            .filter(|candidate| candidate.leader_id().term == vote.leader_id().term + 1)
-            .copied()
     }
 
     /// Makes `candidate`'s term this node's own by casting, locally, the
@@ -327,6 +307,12 @@ impl Watcher {
         };
         tokio::time::timeout(wait, changed).await.is_ok()
     }
+}
+
+/// `refused`, the last candidate this node refused for its log, when it
+/// stood in the term after `vote`'s.
+fn candidate_after(vote: &Vote, refused: &Option<Vote>) -> Option<Vote> {
+    refused.filter(|candidate| candidate.leader_id().term == vote.leader_id().term + 1)
 }
 
 /// How a wait for this node's turn ended.

@@ -284,8 +284,8 @@ impl Node {
     /// batched by openraft. On a follower the proposal is forwarded to the
     /// leader; [`NodeError::NotLeader`] only when no leader can be reached.
     /// A full ring makes it wait for room ([`crate::admission`]); after
-    /// [`NodeConfig::admission_wait_ms`](crate::NodeConfig::admission_wait_ms) it fails with [`NodeError::Busy`]
-    /// (nothing was proposed: retry).
+    /// [`NodeConfig::admission_wait_ms`](crate::NodeConfig::admission_wait_ms)
+    /// it fails with [`NodeError::Busy`] (nothing was proposed: retry).
     pub async fn propose(&self, data: Vec<u8>) -> Result<(u64, Vec<u8>), NodeError> {
         let r = self.propose_batch(None, vec![data]).await?;
         let r = r.into_iter().next().expect("one answer per record");

@@ -311,47 +311,54 @@ impl Shared {
 
     /// Executes `req`, waiting where it has to: for a posted receive (as
     /// long as the peer's receiver-not-ready retries allow) and for the
-    /// gate of a WRITE the inproc fabric parks.
+    /// gate of a WRITE the inproc fabric parks. `released`: the gate's
+    /// answer, when the reader asked it.
     async fn execute(&self, req: &Request, released: Option<Released>) -> Outcome {
-        let access = self.access();
-        match req {
+        // What need not wait runs as in the reader (the gate is asked at
+        // most once).
+        let released = match released {
+            Some(released) => Some(released),
+            None => match self.execute_now(req) {
+                Ok(outcome) => return outcome,
+                Err(released) => released,
+            },
+        };
+        let landed = match req {
             Request::Send { data } => {
-                if !limits::message_fits(data.len(), self.config.max_message_bytes) {
-                    Outcome::failed(WcError::RemoteInvalidRequest)
-                } else if self.take_receive().await {
+                return if self.take_receive().await {
                     Outcome::delivering(Received::Message(data.clone()))
                 } else {
                     Outcome::failed(WcError::RnrRetryExceeded)
-                }
+                };
             }
-            Request::Write { imm, data, .. } => {
-                let released = released.or_else(|| self.gate.as_ref().and_then(|gate| gate()));
-                let landed = match released {
-                    None => self.nic.execute(req, access),
+            // Not asked yet when what held it was a missing receive.
+            Request::Write { data, .. } => {
+                match released.or_else(|| self.gate.as_ref().and_then(|gate| gate())) {
+                    None => self.nic.execute(req, self.access()),
                     // Admitted now, copied once the gate opens: nothing
                     // else of this queue pair runs in between (RC order).
-                    Some(released) => match self.nic.admit(req, access) {
+                    Some(released) => match self.nic.admit(req, self.access()) {
                         Ok(admitted) if released.await => self.nic.land(admitted, data),
                         // Dropped before its copy: it fails at the NIC.
                         Ok(_) => Err(WcError::RemoteAccess),
                         Err(e) => Err(e),
                     },
-                };
-                match (landed, imm) {
-                    (Ok(done), Some(imm)) => {
-                        if self.take_receive().await {
-                            Outcome {
-                                result: Ok(done),
-                                deliver: Some(Received::WriteImmediate(*imm)),
-                            }
-                        } else {
-                            Outcome::failed(WcError::RnrRetryExceeded)
-                        }
-                    }
-                    (result, _) => Outcome::of(result),
                 }
             }
-            _ => Outcome::of(self.nic.execute(req, access)),
+            _ => unreachable!("only a SEND or a WRITE waits"),
+        };
+        match (landed, req) {
+            (Ok(done), Request::Write { imm: Some(imm), .. }) => {
+                if self.take_receive().await {
+                    Outcome {
+                        result: Ok(done),
+                        deliver: Some(Received::WriteImmediate(*imm)),
+                    }
+                } else {
+                    Outcome::failed(WcError::RnrRetryExceeded)
+                }
+            }
+            (result, _) => Outcome::of(result),
         }
     }
 
