@@ -84,6 +84,13 @@ if bw1:
     per_write_us = 8 / bw1[3] if bw1[3] else None
     p("")
     p(f"perftest `ib_write_bw -s 8 -t 1` (one WRITE in flight, completion-to-completion like ours): {f(per_write_us)} µs per WRITE on average.")
+    for busy, label in ((False, "event mode"), (True, "busy-poll")):
+        mean = get("rdma", busy, "write_lat_8B", "mean_us")
+        if mean and per_write_us:
+            p(f"Ours, 8 B, {label}: {f(mean)} µs per WRITE on average, {f(mean / per_write_us, 2)}x perftest's.")
+inline = get("rdma", False, "inline", "max_inline_bytes")
+p("")
+p(f"Inline size of the rdma queue pairs: {f(inline, 0)} bytes (8 B and 64 B WRITEs go inline).")
 text = "\n".join(out_lines)
 print(text)
 if out:

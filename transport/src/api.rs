@@ -459,6 +459,46 @@ pub(crate) enum ConnKind {
     Rdma(crate::rdma::RdmaConnection),
 }
 
+/// One request of a chain: see [`Connection::post_chain`].
+#[derive(Clone, Copy, Debug)]
+pub enum Chained<'a> {
+    /// A one-sided WRITE of `data` to `remote`.
+    Write {
+        /// Where the bytes go.
+        remote: RemoteAddr,
+        /// The bytes.
+        data: &'a [u8],
+    },
+    /// A two-sided SEND of `data`; the peer must have a receive posted.
+    Send {
+        /// The message.
+        data: &'a [u8],
+    },
+}
+
+impl Chained<'_> {
+    fn request(&self) -> Request {
+        match *self {
+            Chained::Write { remote, data } => Request::Write {
+                addr: remote.addr,
+                rkey: remote.rkey,
+                data: data.to_vec(),
+                imm: None,
+            },
+            Chained::Send { data } => Request::Send {
+                data: data.to_vec(),
+            },
+        }
+    }
+
+    fn op(&self) -> &'static str {
+        match self {
+            Chained::Write { .. } => "WRITE",
+            Chained::Send { .. } => "SEND",
+        }
+    }
+}
+
 /// A reliable-connected queue pair to one peer. Cloning shares it.
 #[derive(Clone)]
 pub struct Connection {
@@ -495,14 +535,48 @@ impl Connection {
         dispatch!(self, c => c.peer_addr())
     }
 
+    /// The largest WRITE or SEND posted inline (copied into the work
+    /// queue at the post, without staging): the queue pair's on `rdma`, 0
+    /// on the software RNIC, which has no such path.
+    pub fn max_inline_bytes(&self) -> u32 {
+        match &self.kind {
+            ConnKind::Soft(_) => 0,
+            #[cfg(feature = "rdma")]
+            ConnKind::Rdma(c) => c.max_inline_bytes(),
+        }
+    }
+
     fn post(&self, request: Request) -> Result<oneshot::Receiver<Result<Done, WcError>>> {
-        let config = dispatch!(self, c => c.config());
-        crate::limits::check_request(
-            &request,
-            config.max_transfer_bytes,
-            config.max_message_bytes,
-        )?;
+        self.check(&request)?;
         dispatch!(self, c => c.post(request))
+    }
+
+    fn check(&self, request: &Request) -> Result<()> {
+        let config = dispatch!(self, c => c.config());
+        crate::limits::check_request(request, config.max_transfer_bytes, config.max_message_bytes)
+    }
+
+    /// Posts `chain` in order as one batch: all of it or, on an error, none
+    /// (a request over a limit, or too many outstanding), with one
+    /// completion per request, in order. On `rdma` it is one chained
+    /// `ibv_post_send`; every request but the last is unsignaled (the
+    /// device reports it only if it fails, and the last one's completion
+    /// completes it), and small ones go inline. On the software RNIC the
+    /// frames leave together. Each completion means what it means for a
+    /// single post: a WRITE refused by the peer still completes with its
+    /// own remote access error, and the requests after it are flushed.
+    pub fn post_chain(&self, chain: &[Chained<'_>]) -> Result<Vec<Completion<()>>> {
+        let requests: Vec<Request> = chain.iter().map(Chained::request).collect();
+        for request in &requests {
+            self.check(request)?;
+        }
+        let ops: Vec<&'static str> = chain.iter().map(Chained::op).collect();
+        let receivers = dispatch!(self, c => c.post_chain(requests))?;
+        Ok(receivers
+            .into_iter()
+            .zip(ops)
+            .map(|(rx, op)| self.completion(op, rx, unit))
+            .collect())
     }
 
     fn completion<T>(

@@ -44,8 +44,8 @@ pub mod conformance;
 pub mod rdma;
 
 pub use api::{
-    AcceptPolicy, Buffer, Completion, Connection, Device, DeviceConfig, Listener, MemoryRegion,
-    Probe, reveal_to_all,
+    AcceptPolicy, Buffer, Chained, Completion, Connection, Device, DeviceConfig, Listener,
+    MemoryRegion, Probe, reveal_to_all,
 };
 pub use error::{Result, TransportError, WcError};
 pub use handshake::{PeerInfo, Secret};

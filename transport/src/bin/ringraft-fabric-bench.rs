@@ -127,6 +127,7 @@ async fn latency(
             ("p50_us", us(0.5)),
             ("p99_us", us(0.99)),
             ("min_us", hist.min() as f64 / 1000.0),
+            ("mean_us", hist.mean() / 1000.0),
             ("iterations", args.iterations as f64),
         ],
     );
@@ -187,6 +188,11 @@ async fn run(args: Args) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     let _server_side = listener.accept().await.ok_or("listener closed")?;
+    emit(
+        &args,
+        "inline",
+        &[("max_inline_bytes", f64::from(conn.max_inline_bytes()))],
+    );
     let region = b
         .register_buffer(4 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         .map_err(|e| e.to_string())?;

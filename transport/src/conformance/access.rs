@@ -128,3 +128,79 @@ pub(super) async fn dropped_write<P: Peer>(c: &mut Ctx<'_, P>) -> CheckResult {
     })?;
     c.still_zero("mem", 100, 6, "a refused WRITE landed").await
 }
+
+pub(super) async fn refused_write_in_a_chain<P: Peer>(c: &mut Ctx<'_, P>) -> CheckResult {
+    let r = c.peer.setup(&[spec("mem", 4096, RW)]).await?[0];
+    let conn = c.connect(suite_config()).await?;
+    let bad = crate::types::RemoteAddr {
+        rkey: r.rkey ^ 0x5a5a_0000,
+        ..r.at(512, 8).ok_or("address")?
+    };
+    let posted = conn
+        .post_chain(&[
+            crate::api::Chained::Write {
+                remote: r.at(0, 6).ok_or("address")?,
+                data: b"landed",
+            },
+            crate::api::Chained::Write {
+                remote: bad,
+                data: &[0xEE; 8],
+            },
+            crate::api::Chained::Send { data: b"never" },
+        ])
+        .map_err(|e| e.to_string())?;
+    let [first, refused, send] = <[_; 3]>::try_from(posted).map_err(|_| "three completions")?;
+    first
+        .await
+        .map_err(|e| format!("the WRITE before the refused one: {e}"))?;
+    // The refused WRITE reports its own error, though its chain's last
+    // request is the one that asks for a completion.
+    expect_remote_access("the refused WRITE of a chain", refused.await)?;
+    ensure(
+        send.await.is_err(),
+        "the SEND after a refused WRITE completed",
+    )?;
+    ensure(
+        c.peer.read_local("mem", 0, 6).await? == *b"landed",
+        "the WRITE before the refused one did not land",
+    )?;
+    c.still_zero("mem", 512, 8, "a refused WRITE changed memory")
+        .await
+}
+
+pub(super) async fn chain_over_the_limit<P: Peer>(c: &mut Ctx<'_, P>) -> CheckResult {
+    let r = c.peer.setup(&[spec("mem", 4096, RW)]).await?[0];
+    let config = ConnConfig {
+        max_outstanding: 4,
+        ..suite_config()
+    };
+    let conn = c.connect(config).await?;
+    let data = [0xAB; 8];
+    let writes = (0..5u64)
+        .map(|k| {
+            Ok(crate::api::Chained::Write {
+                remote: r.at(k * 8, 8).ok_or("address")?,
+                data: &data,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    match conn.post_chain(&writes) {
+        Err(TransportError::Limit { .. }) => {}
+        Err(other) => return Err(format!("a chain of 5 with 4 allowed: {other}")),
+        Ok(_) => return Err("a chain of 5 with 4 allowed was posted".into()),
+    }
+    // The connection still works, and a WRITE after the refused chain
+    // completes only after anything posted before it landed.
+    for p in conn
+        .post_chain(&writes[..4])
+        .map_err(|e| format!("a chain of 4: {e}"))?
+    {
+        p.await.map_err(|e| e.to_string())?;
+    }
+    ensure(
+        c.peer.read_local("mem", 0, 32).await? == [0xAB; 32],
+        "the chain of 4 did not land",
+    )?;
+    c.still_zero("mem", 32, 8, "a request of the refused chain landed")
+        .await
+}

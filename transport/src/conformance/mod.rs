@@ -32,12 +32,17 @@ mod one_sided;
 mod remote;
 mod two_sided;
 
-use access::{dropped_write, missing_permission, out_of_bounds, rotation, wrong_rkey};
+use access::{
+    chain_over_the_limit, dropped_write, missing_permission, out_of_bounds,
+    refused_write_in_a_chain, rotation, wrong_rkey,
+};
 use lifecycle::{local_close, peer_close, reconnect, unauthenticated};
 pub use local::LocalPeer;
 use one_sided::{compare_swap, fetch_and_add, write_then_read_back};
 pub use remote::{RemotePeer, serve};
-use two_sided::{rnr, send_recv_in_order, write_before_send, write_with_immediate};
+use two_sided::{
+    chain_lands_before_its_send, rnr, send_recv_in_order, write_before_send, write_with_immediate,
+};
 
 /// Outcome of one check.
 pub type CheckResult = std::result::Result<(), String>;
@@ -174,10 +179,13 @@ pub const CHECKS: &[&str] = &[
     "send_recv_in_order",
     "write_lands_before_the_send_after_it",
     "write_with_immediate",
+    "chained_writes_land_before_the_send_that_ends_them",
     "rnr_without_posted_receive",
     "out_of_bounds_fails_and_changes_nothing",
     "wrong_rkey_fails_and_changes_nothing",
     "missing_permission_fails",
+    "a_refused_write_in_a_chain_reports_its_own_error",
+    "a_chain_over_the_outstanding_limit_posts_nothing",
     "rotated_rkey_revokes_the_old_one",
     "dropped_remote_write_refuses_writes",
     "local_close_flushes_posted_requests",
@@ -223,10 +231,15 @@ async fn run_one<P: Peer>(name: &str, c: &mut Ctx<'_, P>, outsider: &Device) -> 
         "send_recv_in_order" => send_recv_in_order(c).await,
         "write_lands_before_the_send_after_it" => write_before_send(c).await,
         "write_with_immediate" => write_with_immediate(c).await,
+        "chained_writes_land_before_the_send_that_ends_them" => {
+            chain_lands_before_its_send(c).await
+        }
         "rnr_without_posted_receive" => rnr(c).await,
         "out_of_bounds_fails_and_changes_nothing" => out_of_bounds(c).await,
         "wrong_rkey_fails_and_changes_nothing" => wrong_rkey(c).await,
         "missing_permission_fails" => missing_permission(c).await,
+        "a_refused_write_in_a_chain_reports_its_own_error" => refused_write_in_a_chain(c).await,
+        "a_chain_over_the_outstanding_limit_posts_nothing" => chain_over_the_limit(c).await,
         "rotated_rkey_revokes_the_old_one" => rotation(c).await,
         "dropped_remote_write_refuses_writes" => dropped_write(c).await,
         "local_close_flushes_posted_requests" => local_close(c).await,

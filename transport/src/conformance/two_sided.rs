@@ -97,3 +97,47 @@ pub(super) async fn rnr<P: Peer>(c: &mut Ctx<'_, P>) -> CheckResult {
         "connection still usable after an RNR error",
     )
 }
+
+pub(super) async fn chain_lands_before_its_send<P: Peer>(c: &mut Ctx<'_, P>) -> CheckResult {
+    let r = c.peer.setup(&[spec("mem", 64 << 10, RW)]).await?[0];
+    let conn = c.connect(suite_config()).await?;
+    for round in 0..8u8 {
+        // Small WRITEs (inline where the backend has it) around a large
+        // one, then the SEND; the bytes change every round.
+        let pieces = [
+            (0u64, pattern(48, round)),
+            (4096, pattern(40 << 10, round ^ 0x55)),
+            (60 << 10, pattern(200, round ^ 0xAA)),
+        ];
+        let mut chain = Vec::new();
+        for (offset, data) in &pieces {
+            chain.push(crate::api::Chained::Write {
+                remote: r.at(*offset, data.len() as u64).ok_or("address")?,
+                data,
+            });
+        }
+        let message = [round];
+        chain.push(crate::api::Chained::Send { data: &message });
+        let posted = conn.post_chain(&chain).map_err(|e| e.to_string())?;
+        ensure(posted.len() == chain.len(), "one completion per request")?;
+        match c.peer.recv().await? {
+            Received::Message(m) if m == message => {}
+            other => return Err(format!("round {round}: got {other:?}")),
+        }
+        for (offset, data) in &pieces {
+            let local = c
+                .peer
+                .read_local("mem", *offset as u32, data.len() as u32)
+                .await?;
+            ensure(
+                local == *data,
+                format!("round {round}: the SEND arrived before the WRITE at {offset}"),
+            )?;
+        }
+        for (k, p) in posted.into_iter().enumerate() {
+            p.await
+                .map_err(|e| format!("round {round}, request {k}: {e}"))?;
+        }
+    }
+    Ok(())
+}

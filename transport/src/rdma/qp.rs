@@ -131,10 +131,35 @@ pub(crate) enum SendOp {
     Send,
 }
 
+/// Inline data sizes a new queue pair asks for, largest first: the first
+/// the provider accepts wins (rxe and most RNICs take 256 bytes), and 0
+/// (no inline sends) always works.
+const INLINE_CHOICES: [u32; 3] = [256, 64, 0];
+
+/// One send-queue work request of a chain: see [`QueuePair::post_sends`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SendWr {
+    /// Our id of the request; its completion carries it.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: SendOp,
+    /// Its local bytes: registered staging, or for an inline request any
+    /// memory (the lkey is not used) that the provider copies at the post.
+    pub local: Option<LocalSlice>,
+    /// Whether the device reports its completion when it succeeds (a
+    /// failed request is reported either way).
+    pub signaled: bool,
+    /// Whether the provider copies `local` into the work queue at the post
+    /// (`IBV_SEND_INLINE`: WRITE and SEND of at most
+    /// [`QueuePair::max_inline`] bytes).
+    pub inline: bool,
+}
+
 /// An RC queue pair.
 pub(crate) struct QueuePair {
     qp: NonNull<ibv_qp>,
     qpn: u32,
+    max_inline: u32,
     cq: Arc<CompletionQueue>,
     pd: Arc<ProtectionDomain>,
 }
@@ -153,11 +178,28 @@ fn zeroed_attr() -> ibv_qp_attr {
 
 impl QueuePair {
     /// Creates an RC queue pair in RESET whose send and receive queues both
-    /// report into `cq`; every send is signaled.
+    /// report into `cq`. Each send says whether it is signaled; it takes the
+    /// largest inline size of [`INLINE_CHOICES`] the provider accepts.
     pub(crate) fn new(
         pd: &Arc<ProtectionDomain>,
         cq: &Arc<CompletionQueue>,
         caps: QueuePairCaps,
+    ) -> io::Result<QueuePair> {
+        let mut refused = None;
+        for inline in INLINE_CHOICES {
+            match Self::create(pd, cq, caps, inline) {
+                Ok(qp) => return Ok(qp),
+                Err(e) => refused = Some(e),
+            }
+        }
+        Err(refused.expect("at least one choice"))
+    }
+
+    fn create(
+        pd: &Arc<ProtectionDomain>,
+        cq: &Arc<CompletionQueue>,
+        caps: QueuePairCaps,
+        max_inline_data: u32,
     ) -> io::Result<QueuePair> {
         // SAFETY: all-zero is a valid `ibv_qp_init_attr` (null pointers and
         // integers).
@@ -169,10 +211,10 @@ impl QueuePair {
             max_recv_wr: caps.max_recv_wr,
             max_send_sge: 1,
             max_recv_sge: 1,
-            max_inline_data: 0,
+            max_inline_data,
         };
         init.qp_type = ibv_qp_type::IBV_QPT_RC;
-        init.sq_sig_all = 1;
+        init.sq_sig_all = 0;
         // SAFETY: the protection domain and completion queue are alive (we
         // keep `Arc`s of both until the queue pair is destroyed); `init` is
         // a valid attribute block.
@@ -181,12 +223,21 @@ impl QueuePair {
         // SAFETY: `qp` was just created; `qp_num` is set by the provider and
         // never changes.
         let qpn = unsafe { (*qp.as_ptr()).qp_num };
+        // The provider writes back what it gives, which may be more than
+        // asked for; never use more than asked for.
+        let max_inline = init.cap.max_inline_data.min(max_inline_data);
         Ok(QueuePair {
             qp,
             qpn,
+            max_inline,
             cq: cq.clone(),
             pd: pd.clone(),
         })
+    }
+
+    /// Bytes a WRITE or SEND may carry inline.
+    pub(crate) fn max_inline(&self) -> u32 {
+        self.max_inline
     }
 
     /// The queue pair number.
@@ -293,50 +344,94 @@ impl QueuePair {
         self.modify(&mut attr, ibv_qp_attr_mask::IBV_QP_STATE)
     }
 
-    /// Posts one signaled send-queue work request.
+    /// Posts `wrs` as one chain (one `ibv_post_send`), in order.
+    ///
+    /// # Errors
+    /// The number of requests posted before the provider refused one (the
+    /// device owns those), and why.
     ///
     /// # Safety
-    /// `local`, when given, must lie inside a live registration of this
-    /// queue pair's protection domain whose lkey it carries, and stay
-    /// allocated and registered until the completion with `wr_id` has been
-    /// polled from the completion queue, or the queue pair is destroyed.
-    /// Until then the CPU must not write it (WRITE, SEND: the device reads
-    /// it at any moment) nor read it (READ, atomics: the device writes it).
-    pub(crate) unsafe fn post_send(
-        &self,
-        wr_id: u64,
-        op: SendOp,
-        local: Option<LocalSlice>,
-    ) -> io::Result<()> {
-        let mut sge = local.map(|l| ibv_sge {
-            addr: l.addr,
-            length: l.len,
-            lkey: l.lkey,
-        });
-        // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, integers
-        // and unions of those).
-        let mut wr: ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
-        wr.wr_id = wr_id;
-        wr.next = ptr::null_mut();
-        match sge.as_mut() {
-            Some(sge) => {
-                wr.sg_list = sge;
-                wr.num_sge = 1;
-            }
-            None => {
-                wr.sg_list = ptr::null_mut();
-                wr.num_sge = 0;
+    /// For each request that is not inline, `local`, when given, must lie
+    /// inside a live registration of this queue pair's protection domain
+    /// whose lkey it carries, and stay allocated and registered until the
+    /// completion of that request or of a later one has been polled from
+    /// the completion queue, or the queue pair is destroyed. Until then the
+    /// CPU must not write it (WRITE, SEND: the device reads it at any
+    /// moment) nor read it (READ, atomics: the device writes it). An inline
+    /// request's `local` must be readable for the duration of the call.
+    pub(crate) unsafe fn post_sends(&self, wrs: &[SendWr]) -> Result<(), (usize, io::Error)> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        // Both vectors are complete before any pointer into them is taken.
+        let mut sges: Vec<ibv_sge> = wrs
+            .iter()
+            .map(|w| {
+                let l = w.local.unwrap_or(LocalSlice {
+                    addr: 0,
+                    len: 0,
+                    lkey: 0,
+                });
+                ibv_sge {
+                    addr: l.addr,
+                    length: l.len,
+                    lkey: l.lkey,
+                }
+            })
+            .collect();
+        let mut chain: Vec<ibv_send_wr> = wrs
+            .iter()
+            .map(|w| {
+                // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers,
+                // integers and unions of those).
+                let mut wr: ibv_send_wr = unsafe { MaybeUninit::zeroed().assume_init() };
+                wr.wr_id = w.wr_id;
+                let mut flags = 0;
+                if w.signaled {
+                    flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+                }
+                if w.inline {
+                    flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+                }
+                wr.send_flags = flags;
+                set_send_op(&mut wr, w.op);
+                wr
+            })
+            .collect();
+        // Every pointer below derives from these two, taken once.
+        let base = chain.as_mut_ptr();
+        let sge_base = sges.as_mut_ptr();
+        for (i, w) in wrs.iter().enumerate() {
+            // SAFETY: `i` (and `i + 1` where used) is inside both vectors,
+            // which are neither resized nor otherwise borrowed from here on.
+            unsafe {
+                let wr = &mut *base.add(i);
+                if w.local.is_some() {
+                    wr.sg_list = sge_base.add(i);
+                    wr.num_sge = 1;
+                }
+                if i + 1 < wrs.len() {
+                    wr.next = base.add(i + 1);
+                }
             }
         }
-        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
-        set_send_op(&mut wr, op);
         let mut bad: *mut ibv_send_wr = ptr::null_mut();
-        // SAFETY: the queue pair is alive; `wr` and `sge` are valid for the
-        // duration of the call (the provider copies them into its queue);
-        // the caller guarantees the memory `sge` names.
-        let rc = unsafe { ibv_post_send(self.qp.as_ptr(), &mut wr, &mut bad) };
+        // SAFETY: the queue pair is alive; the chain and its scatter
+        // entries are valid for the duration of the call (the provider
+        // copies them, and inline data, into its queue); the caller
+        // guarantees the memory the rest name.
+        let rc = unsafe { ibv_post_send(self.qp.as_ptr(), base, &mut bad) };
         if rc != 0 {
-            return Err(errno_of(rc));
+            // `bad` is the first request not posted; a provider that leaves
+            // it unset posted none.
+            let posted = if bad.is_null() {
+                0
+            } else {
+                // SAFETY: the provider points `bad` into the chain it was
+                // given.
+                usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+            };
+            return Err((posted.min(wrs.len()), errno_of(rc)));
         }
         Ok(())
     }

@@ -310,6 +310,13 @@ impl SoftConnection {
         self.inner.conn.post(request)
     }
 
+    pub(crate) fn post_chain(
+        &self,
+        requests: Vec<Request>,
+    ) -> Result<Vec<oneshot::Receiver<Result<Done, WcError>>>> {
+        self.inner.conn.post_chain(requests)
+    }
+
     pub(crate) fn post_recv(&self, count: u32) -> Result<()> {
         self.inner.conn.post_recv(count)
     }

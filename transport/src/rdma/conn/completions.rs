@@ -46,11 +46,26 @@ impl Shared {
             tracing::warn!(peer = %self.peer_addr, wr_id = wc.wr_id, "completion of no posted request");
             return;
         };
-        let entry = &mut send.pending[index];
-        if entry.completed {
+        if send.pending[index].completed {
             tracing::warn!(peer = %self.peer_addr, wr_id = wc.wr_id, "second completion of one request");
             return;
         }
+        // The device completes a send queue in posting order and reports
+        // every failed request: the unsignaled requests before this one
+        // succeeded.
+        let mut covered = Vec::new();
+        for earlier in send.pending.iter_mut().take(index) {
+            if earlier.completed {
+                continue;
+            }
+            if earlier.signaled {
+                tracing::warn!(peer = %self.peer_addr, wr_id = wc.wr_id, earlier = earlier.seq, "completion before that of an older signaled request");
+                continue;
+            }
+            earlier.completed = true;
+            covered.extend(earlier.done.take());
+        }
+        let entry = &mut send.pending[index];
         entry.completed = true;
         let (kind, seq) = (entry.kind, entry.seq);
         let done = entry.done.take();
@@ -68,6 +83,9 @@ impl Shared {
             }
         }
         drop(send);
+        for done in covered {
+            let _ = done.send(Ok(Done::Ok));
+        }
         // The error state first: a caller that sees the error finds the
         // connection broken.
         if let Err(error) = &result {

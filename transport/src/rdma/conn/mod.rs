@@ -7,7 +7,15 @@
 //!   (pieces released in completion order, which for one send queue is
 //!   posting order); a request that does not fit gets a registration of its
 //!   own, released at its completion. READ results and atomic results land
-//!   in staging and are copied out. Every send is signaled.
+//!   in staging and are copied out. A WRITE or SEND of at most the queue
+//!   pair's inline size (256 bytes where the provider allows it) is posted
+//!   inline instead: the provider copies it at the post, no staging.
+//!   `post_chain` posts several requests with one `ibv_post_send`; a WRITE
+//!   or SEND with another request of its chain after it is unsignaled (the
+//!   device reports it only if it fails), and the next completion
+//!   completes it: a send queue completes in posting order, and a failed
+//!   request always reports itself, so a WRITE refused by a fenced
+//!   follower still fails with its own remote access error.
 //! - Completions: one completion queue per connection (sends and receives),
 //!   with its own completion channel whose descriptor is registered with
 //!   tokio (`AsyncFd`). A driver task drains the queue with `ibv_poll_cq`,
@@ -72,7 +80,10 @@ use super::device::RdmaDevice;
 use super::endpoint::{MAX_24_BIT, QpEndpoint};
 use super::mr::AccessFlags;
 use super::pd::ProtectionDomain;
-use super::qp::{QueuePair, QueuePairCaps, ReadyToReceive, ReadyToSend, SendOp, rnr_timer_code};
+use super::qp::{
+    LocalSlice, QueuePair, QueuePairCaps, ReadyToReceive, ReadyToSend, SendOp, SendWr,
+    rnr_timer_code,
+};
 use super::staging::{Piece, StagingRing};
 use crate::error::{Result, TransportError, WcError};
 use crate::handshake::PeerInfo;
@@ -91,7 +102,7 @@ mod stage;
 use close::{ConnHandle, watch_bootstrap};
 use completions::drive;
 pub(crate) use completions::wc_error;
-use post::{OpKind, SendState};
+use post::{OpKind, Posted, SendState};
 use recv::{RECV_WR_TAG, RecvState, RecvWaiter, post_receives};
 pub(crate) use setup::QpResources;
 pub(crate) use sizing::Sizing;
@@ -287,17 +298,25 @@ impl RdmaConnection {
         &self.inner.shared.config
     }
 
+    /// The largest WRITE or SEND posted inline.
+    pub fn max_inline_bytes(&self) -> u32 {
+        self.inner.shared.qp.max_inline()
+    }
+
     /// The local queue pair number.
     pub fn qpn(&self) -> u32 {
         self.inner.shared.qp.qpn()
     }
 
     /// Posts a work request now; the receiver resolves with its completion.
-    pub(crate) fn post(
-        &self,
-        request: Request,
-    ) -> Result<oneshot::Receiver<Result<Done, WcError>>> {
-        self.inner.shared.post(request)
+    pub(crate) fn post(&self, request: Request) -> Result<Posted> {
+        let mut posted = self.inner.shared.post_chain(vec![request])?;
+        Ok(posted.pop().expect("one receiver per request"))
+    }
+
+    /// Posts `requests` as one chain (one `ibv_post_send`): all or none.
+    pub(crate) fn post_chain(&self, requests: Vec<Request>) -> Result<Vec<Posted>> {
+        self.inner.shared.post_chain(requests)
     }
 
     /// Posts `count` more receive buffers (at most the free ones of the

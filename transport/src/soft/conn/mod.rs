@@ -264,32 +264,47 @@ impl SoftConn {
 
     /// Posts a request; the receiver completes when the peer answers.
     pub(crate) fn post(&self, req: Request) -> Result<oneshot::Receiver<Result<Done, WcError>>> {
+        let mut posted = self.post_chain(vec![req])?;
+        Ok(posted.pop().expect("one receiver per request"))
+    }
+
+    /// Posts `requests` in order, all or none: their frames reach the
+    /// writer together, so they leave in one `write(2)` when they fit.
+    pub(crate) fn post_chain(
+        &self,
+        requests: Vec<Request>,
+    ) -> Result<Vec<oneshot::Receiver<Result<Done, WcError>>>> {
         let s = &self.shared;
         s.check_ready()?;
         let mut requester = s.requester.lock().expect("requester lock");
-        if requester.queue.len() as u32 >= s.config.max_outstanding {
+        if requester.queue.len() + requests.len() > s.config.max_outstanding as usize {
             return Err(TransportError::Limit {
                 what: "outstanding work requests",
                 limit: s.config.max_outstanding as u64,
             });
         }
-        let (done, rx) = oneshot::channel();
-        let seq = requester.next_seq;
-        requester.next_seq += 1;
-        requester.queue.push_back(Pending {
-            seq,
-            deadline: Instant::now() + s.config.op_deadline(),
-            acked: matches!(req, Request::Write { .. } | Request::Send { .. }),
-            done,
-        });
-        // Under the lock: frames leave in sequence order.
-        if s.requests.send(Frame::Req { seq, req }).is_err() {
-            drop(requester);
-            s.fail("the wire is closed".into(), None);
-            return Err(s.broken());
+        let mut receivers = Vec::with_capacity(requests.len());
+        let deadline = Instant::now() + s.config.op_deadline();
+        for req in requests {
+            let (done, rx) = oneshot::channel();
+            let seq = requester.next_seq;
+            requester.next_seq += 1;
+            requester.queue.push_back(Pending {
+                seq,
+                deadline,
+                acked: matches!(req, Request::Write { .. } | Request::Send { .. }),
+                done,
+            });
+            // Under the lock: frames leave in sequence order.
+            if s.requests.send(Frame::Req { seq, req }).is_err() {
+                drop(requester);
+                s.fail("the wire is closed".into(), None);
+                return Err(s.broken());
+            }
+            receivers.push(rx);
         }
         drop(requester);
-        Ok(rx)
+        Ok(receivers)
     }
 
     pub(crate) fn post_recv(&self, count: u32) -> Result<()> {
