@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, Stream, StreamExt};
-use ringraft_transport::Received;
+use ringraft_transport::{Chained, Received};
 use sync_wrapper::SyncWrapper;
 
 use super::pool::{self, NetCtx, PeerConn};
@@ -47,9 +47,9 @@ pub struct PeerNet {
 }
 
 /// What woke the glue up.
-pub(super) enum Woke {
-    /// The next request of a stream (`None`: the stream ended).
-    Input(Option<AppendRequest>),
+pub(super) enum Woke<T> {
+    /// The next item of the input stream (`None`: the stream ended).
+    Input(Option<T>),
     /// Something for the link.
     Link,
 }
@@ -136,18 +136,82 @@ impl PeerNet {
                     return answer;
                 }
             }
-            self.turn::<futures::stream::Empty<AppendRequest>>(None)
-                .await;
+            self.turn::<futures::stream::Empty<()>, ()>(None).await;
         }
     }
 
     /// Performs the link's operations, in order, and reports its events.
+    /// A batch's WRITEs and the SEND that names them go as one chain (on
+    /// `rdma` one `ibv_post_send`, the WRITEs unsignaled and small ones
+    /// inline).
     pub(super) fn perform(&mut self) {
+        let mut chain = Vec::new();
         while let Some(op) = self.link.poll_op() {
-            self.perform_one(op);
+            match op {
+                Op::Write { .. } => chain.push(op),
+                Op::Send(_) => {
+                    chain.push(op);
+                    self.perform_chain(std::mem::take(&mut chain));
+                }
+                other => {
+                    self.perform_chain(std::mem::take(&mut chain));
+                    self.perform_one(other);
+                }
+            }
         }
+        self.perform_chain(chain);
         while let Some(event) = self.link.poll_event() {
             self.report(event);
+        }
+    }
+
+    /// Posts WRITEs, and the SEND after them if any, as one chain.
+    fn perform_chain(&mut self, ops: Vec<Op>) {
+        if ops.len() <= 1 {
+            ops.into_iter().for_each(|op| self.perform_one(op));
+            return;
+        }
+        let mut writes = Vec::new();
+        let mut message = None;
+        for op in ops {
+            match op {
+                Op::Write { op, at, bytes } => writes.push((op, at, bytes)),
+                Op::Send(request) => match encode(&request) {
+                    Ok(bytes) => message = Some(bytes),
+                    Err(e) => {
+                        return self
+                            .link
+                            .connection_failed(now(), ReplicationError::Codec(e));
+                    }
+                },
+                other => unreachable!("only WRITEs and a SEND are chained: {other:?}"),
+            }
+        }
+        let mut chain: Vec<Chained<'_>> = writes
+            .iter()
+            .map(|(_, at, bytes)| Chained::Write {
+                remote: *at,
+                data: bytes,
+            })
+            .collect();
+        if let Some(message) = &message {
+            chain.push(Chained::Send { data: message });
+        }
+        // All or none: a chain refused before it is posted fails the
+        // connection, as a refused WRITE or SEND alone does.
+        let posted = self.connection().post_chain(&chain);
+        drop(chain);
+        match posted {
+            Ok(completions) => {
+                // The SEND's own completion is not awaited: the reply
+                // implies it.
+                for ((op, _, _), c) in writes.into_iter().zip(completions) {
+                    self.completions
+                        .get_mut()
+                        .push(async move { (op, Completion::Write(c.await)) }.boxed());
+                }
+            }
+            Err(e) => self.link.connection_failed(now(), e.into()),
         }
     }
 
@@ -261,22 +325,23 @@ impl PeerNet {
     }
 
     /// Waits for one thing to happen (a connection made, a completion, a
-    /// reply, the link's timer, or, with `input` while the link takes
-    /// more, the stream's next request) and feeds it to the link.
-    pub(super) async fn turn<S>(&mut self, input: Option<&mut S>) -> Woke
+    /// reply, the link's timer, or, with `input`, the stream's next item:
+    /// the caller passes it only while it takes more) and feeds it to the
+    /// link, or returns the item.
+    pub(super) async fn turn<S, T>(&mut self, input: Option<&mut S>) -> Woke<T>
     where
-        S: Stream<Item = AppendRequest> + Unpin,
+        S: Stream<Item = T> + Unpin,
     {
-        enum Happened {
+        enum Happened<T> {
             Connected(Result<PeerConn, ReplicationError>),
             Completed(OpId, Completion),
             Received(Result<Received, ringraft_transport::TransportError>),
             Timer,
-            Input(Option<AppendRequest>),
+            Input(Option<T>),
         }
         let conn = self.conn.as_ref().map(|peer| peer.conn.clone());
         let timer = self.link.poll_timeout();
-        let takes_input = self.link.ready_for_append() && input.is_some();
+        let takes_input = input.is_some();
         let completing = !self.completions.get_mut().is_empty();
         let is_connecting = self.connecting.get_mut().is_some();
         let happened = {

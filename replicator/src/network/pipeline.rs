@@ -53,7 +53,9 @@ where
             if self.input_done && self.pending.is_empty() {
                 return None;
             }
-            let input = (!self.input_done).then_some(&mut self.input);
+            // Only while the link takes another batch without waiting.
+            let takes = !self.input_done && self.net.link.ready_for_append();
+            let input = takes.then_some(&mut self.input);
             match self.net.turn(input).await {
                 Woke::Input(None) => self.input_done = true,
                 Woke::Input(Some(request)) => {
