@@ -1,7 +1,8 @@
 //! Reads cost what they promise: concurrent linearizable reads on a leader
 //! share leadership-confirmation rounds (openraft's ReadIndex queues the
 //! reads that arrive while a round is in flight behind the next one)
-//! instead of one round each.
+//! instead of one round each; and a follower keeps many forwarded calls in
+//! flight on its one link to the leader.
 //!
 //! Three nodes on the in-process fabric, one thread, paused time: the
 //! counts are a function of the seed.
@@ -48,6 +49,87 @@ fn concurrent_linearizable_reads_share_confirmation_rounds() {
             requests <= 4 * followers.len() as u64,
             "{READS} reads took {requests} requests at {} followers: a round per read",
             followers.len()
+        );
+    });
+}
+
+/// Concurrent calls on a follower (reads and proposals, alternately),
+/// forwarded to the leader.
+const FORWARDED: u64 = 32;
+
+/// A follower forwards concurrent calls to its leader over one link, many
+/// in flight at once: with everything from the leader to the follower held
+/// back (its answers too), every call still reaches the leader, and all are
+/// answered once the cut heals. Before, a link carried one exchange at a
+/// time (a follower kept up to 8 links, one on `rdma`, each opened on
+/// demand): here 1 call reached the leader on the one open link, and the
+/// rest waited.
+#[test]
+fn a_follower_keeps_many_forwarded_calls_in_flight() {
+    paused_runtime().block_on(async {
+        let c = Cluster::start_deterministic(SEED, |_| {}).await;
+        let leader = c.leader().await;
+        c.propose(b"x".to_vec(), PATIENCE).await.expect("a commit");
+        let follower = c.follower_of(leader);
+        // One forwarded read first: the link to the leader is open.
+        c.node(follower)
+            .read(ReadConsistency::Linearizable, |_| ())
+            .await
+            .expect("a forwarded read");
+        let addr = |id: u64| c.members[&id].config.listen.clone();
+        let served = || c.node(leader).metrics().requests_served.get();
+        let before = served();
+        // Everything from the leader to the follower waits (its answers too).
+        c.fabric.cut_one_way(&addr(leader), &addr(follower));
+        let node = c.node(follower).clone();
+        let calls: Vec<_> = (0..FORWARDED)
+            .map(|k| {
+                let node = node.clone();
+                tokio::spawn(async move {
+                    if k % 2 == 0 {
+                        node.read(ReadConsistency::Linearizable, |_| ())
+                            .await
+                            .map(|()| None)
+                    } else {
+                        node.propose(vec![k as u8]).await.map(|(i, _)| Some(i))
+                    }
+                })
+            })
+            .collect();
+        // Polled in virtual time: the calls arrive within milliseconds, or
+        // never.
+        let arrived = tokio::time::timeout(PATIENCE, async {
+            while served() - before < FORWARDED {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+        let reached = served() - before;
+        println!("{FORWARDED} forwarded calls, answers held: {reached} reached the leader");
+        assert!(
+            arrived.is_ok(),
+            "{reached} of {FORWARDED} forwarded calls reached the leader while none was answered"
+        );
+        let answered = calls.iter().filter(|r| r.is_finished()).count();
+        assert_eq!(
+            answered, 0,
+            "calls answered while the leader's answers were held"
+        );
+        c.fabric.heal();
+        let mut indexes = Vec::new();
+        for call in calls {
+            let answer = tokio::time::timeout(PATIENCE, call)
+                .await
+                .expect("the call finishes")
+                .expect("the task");
+            indexes.extend(answer.expect("answered"));
+        }
+        indexes.sort_unstable();
+        indexes.dedup();
+        assert_eq!(
+            indexes.len() as u64,
+            FORWARDED / 2,
+            "one entry per proposal"
         );
     });
 }

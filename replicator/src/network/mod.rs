@@ -7,11 +7,13 @@
 //! fence, the view of the follower's ring, how a batch travels, flow
 //! control, pipelining, matching replies): see `crate::replication::link`.
 //! Here: openraft's calls ([`PeerNet`]'s `RaftNetworkV2`), `stream_append`'s
-//! pipeline (`pipeline`), the connections (`pool`), how errors reach
+//! pipeline (`pipeline`), a follower's link for calls it forwards to its
+//! leader ([`Forwarder`], `forward`), the connections (`pool`), how errors reach
 //! openraft (`error`) and the planted bugs of the Jepsen harness
 //! (`planted`).
 
 mod error;
+mod forward;
 mod peer;
 mod pipeline;
 #[cfg(feature = "planted-bugs")]
@@ -36,6 +38,7 @@ use crate::protocol::{MAX_PART_BYTES, Reply, Request};
 use crate::types::{NodeInfo, TypeConfig, Vote};
 pub use error::ReplicationError;
 use error::{rpc_error, streaming_error};
+pub use forward::{FORWARD_DEPTH, Forwarder};
 pub use peer::{PIPELINE_DEPTH, PeerNet, RING_FULL_WAIT};
 use pipeline::Pipeline;
 pub use pool::NetCtx;

@@ -21,7 +21,7 @@
 //!
 //! Owns the [`Node`] handle and what it holds (`Inner`); each job lives
 //! in a module of its own: `config`, `error`, `start` (the builder),
-//! `propose`, `links` (the links forwarded calls take), `failover` (a
+//! `propose` (with the link forwarded calls take), `failover` (a
 //! leader the fabric finds gone is replaced at once), `read`,
 //! `retention`, `membership`, `status`. It must
 //! never hold the protocol logic itself: that is openraft's, the log
@@ -42,7 +42,6 @@ use crate::types::Raft;
 mod config;
 mod error;
 mod failover;
-mod links;
 mod membership;
 mod propose;
 mod read;
@@ -51,7 +50,7 @@ mod start;
 mod status;
 
 pub(crate) use failover::FailoverNews;
-pub(crate) use propose::propose_here;
+pub(crate) use propose::submit_here;
 
 pub use config::{Fabric, NodeConfig, ReadConsistency};
 pub use error::NodeError;
@@ -72,8 +71,10 @@ struct Inner {
     guard: NodeGuard,
     metrics: Arc<Metrics>,
     net_ctx: Arc<NetCtx>,
-    /// Connections to the leader, for forwarded proposals and read indexes.
-    leader_links: links::LinkPool<(u64, crate::network::PeerNet)>,
+    /// The link to the leader (its id, and the link) that forwarded
+    /// proposals and read indexes share, many in flight at once
+    /// ([`crate::network::Forwarder`]).
+    leader_link: std::sync::Mutex<Option<(u64, crate::network::Forwarder)>>,
     /// Held across each membership change ([`membership`]): one at a time
     /// from this node, each checked against the core's state first.
     membership_change: Arc<tokio::sync::Mutex<()>>,

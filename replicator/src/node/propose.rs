@@ -25,10 +25,10 @@ const LEASE_POLL: Duration = Duration::from_millis(1);
 /// (`Raft::client_write_many`), so a leader gives the commands consecutive
 /// log entries in this order; proposing them one by one, concurrently, let
 /// them land in any order (issue 10, item 3). The one place where client
-/// commands enter the log: the local write path and the leader's side of a
-/// forwarded proposal (`server.rs`) both come here, and pipelined appends
-/// ([`Node::submit_batch`]) through its two halves, [`submit_here`] and
-/// [`Submitted::wait`].
+/// commands enter the log: the local write path comes here, and the
+/// leader's side of forwarded proposals (`server`, many in flight on one
+/// connection) and pipelined appends ([`Node::submit_batch`]) through its
+/// two halves, [`submit_here`] and [`Submitted::wait`].
 ///
 /// # Errors
 /// Admission's refusals (nothing was proposed), and [`Submitted::wait`]'s.
@@ -498,9 +498,9 @@ impl Node {
         }))
     }
 
-    /// One request to the leader `leader` over the control plane, on a link
-    /// of its own while other forwarded calls are in flight
-    /// ([`super::links`]).
+    /// One request to the leader `leader` over the control plane, on the
+    /// link to it that every forwarded call shares, in flight beside the
+    /// others ([`crate::network::Forwarder`]).
     pub(super) async fn leader_call(
         &self,
         leader: u64,
@@ -515,16 +515,28 @@ impl Node {
                 leader_id: Some(leader),
                 leader_addr: None,
             })?;
-        let mut link = self.inner.leader_links.slot().await;
-        if link.as_ref().is_none_or(|(id, _)| *id != leader) {
-            *link = Some((
-                leader,
-                crate::network::PeerNet::new(self.inner.net_ctx.clone(), leader, addr),
-            ));
-        }
-        let (_, net) = link.as_mut().expect("just set");
+        let link = {
+            let mut slot = self
+                .inner
+                .leader_link
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match &*slot {
+                Some((id, link)) if *id == leader => link.clone(),
+                _ => {
+                    let link = crate::network::Forwarder::spawn(
+                        self.inner.net_ctx.clone(),
+                        leader,
+                        addr,
+                        &self.inner.seeds,
+                    );
+                    *slot = Some((leader, link.clone()));
+                    link
+                }
+            }
+        };
         let ttl = Duration::from_millis(self.inner.config.election_timeout_ms.1 * 10);
-        Ok(match net.call(request, ttl).await {
+        Ok(match link.call(request, ttl).await {
             Ok(reply) => Forwarded::Reply(reply),
             Err(crate::network::ReplicationError::Unreachable { why, .. }) => {
                 tracing::debug!(leader, %why, "the leader is unreachable");

@@ -152,6 +152,13 @@ impl Acceptor {
         )
     }
 
+    /// Whether `request` is a call a follower forwarded (a proposal or a
+    /// read index): many of those are in flight on one connection, and
+    /// their answers go back in the order they came.
+    pub fn forwarded(request: &Request) -> bool {
+        matches!(request, Request::Propose(_) | Request::ReadIndex { .. })
+    }
+
     /// What `request` asks of the node in the state `node`.
     pub fn on_request(&mut self, request: Request, node: &NodeView) -> Step {
         match request {

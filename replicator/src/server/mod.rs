@@ -4,24 +4,32 @@
 //! [`Acceptor`]'s decision; this module only reads the node's state for
 //! it and performs the [`Step`] it returns (on the ring, the log store and
 //! openraft). AppendEntries written one-sided (and heartbeats) are
-//! pipelined to openraft (`pipeline`); any other request waits until
-//! those in flight are answered. A malformed message closes that
+//! pipelined to openraft (`pipeline`); calls a follower forwarded
+//! (proposals, read indexes) are in flight together too, each proposal
+//! handed to the Raft core in the order they came; any other request waits
+//! until those in flight are answered. A malformed message closes that
 //! connection and nothing else.
 
 mod pipeline;
 
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
+use futures::stream::FuturesOrdered;
+use futures::{FutureExt, StreamExt};
+use openraft::error::ClientWriteError;
 use openraft::raft::{AppendEntriesRequest, VoteResponse};
 use ringraft_transport::{Connection, Listener, Received};
 use ringraft_wal::AdoptRequest;
 
+use crate::NodeError;
 use crate::fencing::FencedRing;
 use crate::log_store::LogStore;
+use crate::network::FORWARD_DEPTH;
 use crate::protocol::{Reply, Request, decode, encode};
 use crate::replication::Acceptor;
 use crate::replication::acceptor::{AppendMeta, NodeView, Step};
-use crate::types::{Entry, Raft};
+use crate::types::{Entry, Raft, TypeConfig};
 pub use pipeline::FOLLOWER_PIPELINE_DEPTH;
 use pipeline::Pipeline;
 
@@ -80,6 +88,10 @@ pub fn spawn(mut listener: Listener, ctx: Arc<ServerCtx>) -> tokio::task::JoinHa
     })
 }
 
+/// Forwarded calls of one connection being answered, in the order they
+/// came.
+type ForwardedReplies = FuturesOrdered<BoxFuture<'static, Reply>>;
+
 async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
     let peer = conn.peer().node_id;
     let conn_id = ctx
@@ -87,6 +99,7 @@ async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut acceptor = Acceptor::new(peer);
     let mut pipeline = Pipeline::new(ctx.clone(), conn_id);
+    let mut forwarded = ForwardedReplies::new();
     loop {
         let received = tokio::select! {
             biased;
@@ -97,7 +110,14 @@ async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
                 }
                 continue;
             }
-            received = conn.recv(), if pipeline.has_room() => received,
+            Some(reply) = forwarded.next(), if !forwarded.is_empty() => {
+                if !send_reply(&conn, &reply).await {
+                    ctx.failover.lost(peer);
+                    return;
+                }
+                continue;
+            }
+            received = conn.recv(), if pipeline.has_room() && forwarded.len() < FORWARD_DEPTH => received,
         };
         let bytes = match received {
             Ok(Received::Message(bytes)) => bytes,
@@ -119,6 +139,12 @@ async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
                 return;
             }
         };
+        // One kind in flight at a time: answers go back in the order the
+        // requests came.
+        if !Acceptor::forwarded(&request) && !answer_all(&conn, &mut forwarded).await {
+            ctx.failover.lost(peer);
+            return;
+        }
         if Acceptor::pipelines(&request) {
             pipeline.submit(&mut acceptor, request).await;
             continue;
@@ -131,12 +157,28 @@ async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
                 return;
             }
         }
+        if Acceptor::forwarded(&request) {
+            let step = acceptor.on_request(request, &node_view(&ctx.store));
+            forwarded.push_back(start_forwarded(&ctx, step).await);
+            continue;
+        }
         let reply = handle(&mut acceptor, request, conn_id, &ctx).await;
         if !send_reply(&conn, &reply).await {
             ctx.failover.lost(peer);
             return;
         }
     }
+}
+
+/// Sends the answers of every forwarded call taken, in order; false when
+/// the connection is gone.
+async fn answer_all(conn: &Connection, forwarded: &mut ForwardedReplies) -> bool {
+    while let Some(reply) = forwarded.next().await {
+        if !send_reply(conn, &reply).await {
+            return false;
+        }
+    }
+    true
 }
 
 /// Sends `reply`; false when the connection is gone.
@@ -160,7 +202,12 @@ pub(super) fn node_view(store: &LogStore) -> NodeView {
 }
 
 /// Answers one request: the acceptor decides, this performs.
-async fn handle(acceptor: &mut Acceptor, request: Request, conn_id: u64, ctx: &ServerCtx) -> Reply {
+async fn handle(
+    acceptor: &mut Acceptor,
+    request: Request,
+    conn_id: u64,
+    ctx: &Arc<ServerCtx>,
+) -> Reply {
     // From before the fence check until openraft is done with it: no grant
     // overlaps a request that may extend the log.
     let _in_flight = match request {
@@ -211,8 +258,31 @@ async fn handle(acceptor: &mut Acceptor, request: Request, conn_id: u64, ctx: &S
             Ok(resp) => Reply::Transferred(resp),
             Err(e) => Reply::Error(e.to_string()),
         },
-        Step::Propose(commands) => propose(ctx, commands).await,
-        Step::ReadIndex { lease } => read_index(ctx, lease).await,
+        step @ (Step::Propose(_) | Step::ReadIndex { .. }) => {
+            start_forwarded(ctx, step).await.await
+        }
+    }
+}
+
+/// Starts a forwarded call; its answer comes from the future returned. A
+/// proposal is handed to the Raft core before this returns, so that the
+/// proposals of a connection enter the log in the order they came, while
+/// their commits, like read indexes, overlap.
+async fn start_forwarded(ctx: &Arc<ServerCtx>, step: Step) -> BoxFuture<'static, Reply> {
+    match step {
+        Step::Propose(commands) => {
+            let count = commands.len();
+            match crate::node::submit_here(&ctx.raft, &ctx.admission, commands).await {
+                Ok(submitted) => async move { proposed(count, submitted.wait().await) }.boxed(),
+                Err(refused) => futures::future::ready(proposed(count, Err(refused))).boxed(),
+            }
+        }
+        Step::ReadIndex { lease } => {
+            let ctx = ctx.clone();
+            async move { read_index(&ctx, lease).await }.boxed()
+        }
+        Step::Reply(reply) => futures::future::ready(reply).boxed(),
+        other => unreachable!("not a forwarded call: {other:?}"),
     }
 }
 
@@ -354,18 +424,18 @@ async fn read_index(ctx: &ServerCtx, lease: bool) -> Reply {
     }
 }
 
-/// Proposes commands a follower forwarded, as one batch in their order
-/// (`node::propose_here`); answers each in order.
-async fn propose(ctx: &ServerCtx, commands: Vec<crate::types::Command>) -> Reply {
-    let count = commands.len();
-    match crate::node::propose_here(&ctx.raft, &ctx.admission, commands).await {
-        Err(stopped @ crate::NodeError::Stopped(_)) => Reply::Error(stopped.to_string()),
+/// The reply to `count` commands a follower forwarded, proposed as one
+/// batch in their order (`node::submit_here`): each one's answer, in order.
+fn proposed(
+    count: usize,
+    result: Result<Vec<Result<crate::types::Response, ClientWriteError<TypeConfig>>>, NodeError>,
+) -> Reply {
+    match result {
+        Err(stopped @ NodeError::Stopped(_)) => Reply::Error(stopped.to_string()),
         // Busy or too large (admission): nothing was proposed.
         Err(refused) => Reply::Proposed(vec![Err(refused.to_string()); count]),
         Ok(results) => match results.first() {
-            Some(Err(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
-                Reply::NotLeader(f.leader_id)
-            }
+            Some(Err(ClientWriteError::ForwardToLeader(f))) => Reply::NotLeader(f.leader_id),
             _ => Reply::Proposed(
                 results
                     .into_iter()
