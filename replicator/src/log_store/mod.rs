@@ -14,7 +14,10 @@
 //! The log is the ring (recent entries, in shared memory) plus the segment
 //! log (every entry, on disk): the node's flusher (`crate::flusher`) writes
 //! the ring's records to the segments and gives ring bytes back. Reads below
-//! the ring's first entry come from the segments.
+//! the ring's first entry come from the segments. The entries appended last
+//! (about 8 MiB) are also kept as openraft gave them (`recent`): openraft's
+//! reads of them (a leader's replication, the apply) take those instead of
+//! reading, checking and decoding the records again.
 //!
 //! Durability: `append` puts the entries in the ring and returns. In
 //! `fsync` mode openraft hears that they are flushed (and counts them, for
@@ -50,6 +53,7 @@ use crate::flusher::{FlushShared, Flusher, SegmentOp, SegmentSink, Waiter};
 use crate::types::{Entry, LogId, TypeConfig, Vote, log_id, term_of};
 
 mod codec;
+mod recent;
 mod storage;
 
 pub use codec::decode_entry;
@@ -146,6 +150,12 @@ pub(crate) struct Inner {
     io: IoMode,
     /// Held while the metadata file is written (outside the wal lock).
     meta_io: Mutex<()>,
+    /// The entries appended last, for openraft's reads (`recent`). Locked
+    /// after the wal, and changed under the wal lock where the log's ends
+    /// move back.
+    recent: Mutex<recent::Recent>,
+    /// Entries decoded out of the ring or the segments by reads.
+    decoded: std::sync::atomic::AtomicU64,
 }
 
 impl Drop for Inner {
@@ -300,6 +310,8 @@ impl LogStore {
                 flush: Arc::new(FlushShared::new(flush_from)),
                 io,
                 meta_io: Mutex::new(()),
+                recent: Mutex::new(recent::Recent::default()),
+                decoded: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
@@ -466,10 +478,52 @@ impl LogStore {
         Ok(true)
     }
 
-    /// Entries `start..end` (cut to the log), from the ring, or from the
-    /// segments for those the ring gave back (read without the wal lock).
+    /// Entries `start..end` (cut to the log): the entries appended last
+    /// as openraft gave them when they hold the whole range (what a
+    /// leader's replication and the apply ask for), else from the ring, or
+    /// from the segments for those the ring gave back (read without the
+    /// wal lock).
     pub fn read_entries(&self, start: u64, end: u64) -> io::Result<Vec<Entry>> {
+        {
+            let wal = self.wal();
+            let from = start.max(wal.first_index());
+            let to = end.min(wal.ring().next_index());
+            if let Some(entries) = self.recent().get(from, to) {
+                return Ok(entries);
+            }
+        }
         self.read_entries_within(start, end, u64::MAX)
+    }
+
+    /// Entries decoded out of the ring or the segments by reads so far
+    /// (those served from the entries appended last are not).
+    pub fn entries_decoded(&self) -> u64 {
+        self.inner
+            .decoded
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn recent(&self) -> MutexGuard<'_, recent::Recent> {
+        self.inner.recent.lock().expect("recent entries lock")
+    }
+
+    /// Keeps `entries`, just appended, for the reads that follow.
+    fn remember(&self, entries: Vec<Entry>) {
+        let Some(last) = entries.last().map(|e| e.log_id) else {
+            return;
+        };
+        let wal = self.wal();
+        let mut recent = self.recent();
+        // openraft's appends come in order: they end the log now. Anything
+        // else, and the window is not trusted.
+        if wal.ring().next_index() == last.index + 1
+            && wal.term_of(last.index) == Some(term_of(&last))
+        {
+            recent.appended(entries);
+        } else {
+            debug_assert!(false, "appended entries that do not end the log");
+            recent.clear();
+        }
     }
 
     /// When the segment log's disk is full: what it said. Appends are then
@@ -518,6 +572,7 @@ impl LogStore {
             {
                 bytes += record.payload.len() as u64;
                 out.push(decode_entry(record.term, record.index, &record.payload)?);
+                self.count_decoded();
             }
             // The segments' reader stops at `max_bytes` of whole records
             // (headers too): what it did not reach is the next call's,
@@ -539,6 +594,7 @@ impl LogStore {
                     Ok(record) => {
                         bytes += record.payload.len() as u64;
                         out.push(decode_entry(record.term, index, record.payload)?);
+                        self.count_decoded();
                     }
                     // Given back to the segments since the range was taken.
                     Err(WalError::NotInLog { .. }) if index < ring.first_index() => {
@@ -556,6 +612,12 @@ impl LogStore {
             }
         }
         Ok(out)
+    }
+
+    fn count_decoded(&self) {
+        self.inner
+            .decoded
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// This node's id.

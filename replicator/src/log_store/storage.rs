@@ -118,6 +118,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             callback.io_completed(Err(io::Error::new(e.kind(), e.to_string())));
             return Err(e);
         }
+        self.remember(entries);
         match self.inner.durability {
             // In shared memory: survives a killed process. The flusher
             // writes it to the segments later, unflushed.
@@ -151,6 +152,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.flushed().await?;
         let done = {
             let mut wal = self.wal();
+            // The window first: whatever the wal does, it holds no entry
+            // the log may have lost.
+            self.recent().truncate_after(last_log_id.map(|l| l.index));
             wal.truncate_after(last_log_id.map(|l| pos(&l)))
                 .map_err(io_err)?;
             self.queue_op(SegmentOp::TruncateAfter(last_log_id.map(|l| l.index)))
@@ -166,6 +170,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         if purged {
             let mut wal = self.wal();
             wal.purge_ring(upto);
+            self.recent().purge(log_id.index);
             // Whole segments below go when the flusher gets to it; reads
             // below the purge point are refused from now on.
             drop(self.queue_op(SegmentOp::RemoveBefore(log_id.index + 1)));
