@@ -57,13 +57,12 @@ fn concurrent_linearizable_reads_share_confirmation_rounds() {
 /// forwarded to the leader.
 const FORWARDED: u64 = 32;
 
-/// A follower forwards concurrent calls to its leader over one link, many
-/// in flight at once: with everything from the leader to the follower held
-/// back (its answers too), every call still reaches the leader, and all are
-/// answered once the cut heals. Before, a link carried one exchange at a
-/// time (a follower kept up to 8 links, one on `rdma`, each opened on
-/// demand): here 1 call reached the leader on the one open link, and the
-/// rest waited.
+/// A follower forwards concurrent calls to its leader over a few links,
+/// many in flight on each: with everything from the leader to the follower
+/// held back (its answers too), every call still reaches the leader, and
+/// all are answered once the cut heals. Before, a link carried one
+/// exchange at a time (a follower kept up to 8 links, one on `rdma`): as
+/// many calls reached the leader as links were open, and the rest waited.
 #[test]
 fn a_follower_keeps_many_forwarded_calls_in_flight() {
     paused_runtime().block_on(async {
@@ -71,11 +70,12 @@ fn a_follower_keeps_many_forwarded_calls_in_flight() {
         let leader = c.leader().await;
         c.propose(b"x".to_vec(), PATIENCE).await.expect("a commit");
         let follower = c.follower_of(leader);
-        // One forwarded read first: the link to the leader is open.
-        c.node(follower)
-            .read(ReadConsistency::Linearizable, |_| ())
-            .await
-            .expect("a forwarded read");
+        // Concurrent forwarded reads first: calls take the follower's links
+        // in turn, so each link to the leader is open.
+        let warm = (0..16).map(|_| c.node(follower).read(ReadConsistency::Linearizable, |_| ()));
+        for read in futures::future::join_all(warm).await {
+            read.expect("a forwarded read");
+        }
         let addr = |id: u64| c.members[&id].config.listen.clone();
         let served = || c.node(leader).metrics().requests_served.get();
         let before = served();

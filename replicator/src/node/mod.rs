@@ -21,7 +21,7 @@
 //!
 //! Owns the [`Node`] handle and what it holds (`Inner`); each job lives
 //! in a module of its own: `config`, `error`, `start` (the builder),
-//! `propose` (with the link forwarded calls take), `failover` (a
+//! `propose`, `links` (the links forwarded calls take), `failover` (a
 //! leader the fabric finds gone is replaced at once), `read`,
 //! `retention`, `membership`, `status`. It must
 //! never hold the protocol logic itself: that is openraft's, the log
@@ -42,6 +42,7 @@ use crate::types::Raft;
 mod config;
 mod error;
 mod failover;
+mod links;
 mod membership;
 mod propose;
 mod read;
@@ -71,10 +72,10 @@ struct Inner {
     guard: NodeGuard,
     metrics: Arc<Metrics>,
     net_ctx: Arc<NetCtx>,
-    /// The link to the leader (its id, and the link) that forwarded
-    /// proposals and read indexes share, many in flight at once
+    /// Links to the leader (its id, and the link) for forwarded proposals
+    /// and read indexes, each with many in flight at once
     /// ([`crate::network::Forwarder`]).
-    leader_link: std::sync::Mutex<Option<(u64, crate::network::Forwarder)>>,
+    leader_links: links::LinkPool<(u64, crate::network::Forwarder)>,
     /// Held across each membership change ([`membership`]): one at a time
     /// from this node, each checked against the core's state first.
     membership_change: Arc<tokio::sync::Mutex<()>>,

@@ -499,8 +499,8 @@ impl Node {
     }
 
     /// One request to the leader `leader` over the control plane, on the
-    /// link to it that every forwarded call shares, in flight beside the
-    /// others ([`crate::network::Forwarder`]).
+    /// next of the links to it, in flight beside the other calls there
+    /// ([`super::links`], [`crate::network::Forwarder`]).
     pub(super) async fn leader_call(
         &self,
         leader: u64,
@@ -515,26 +515,18 @@ impl Node {
                 leader_id: Some(leader),
                 leader_addr: None,
             })?;
-        let link = {
-            let mut slot = self
-                .inner
-                .leader_link
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            match &*slot {
-                Some((id, link)) if *id == leader => link.clone(),
-                _ => {
-                    let link = crate::network::Forwarder::spawn(
-                        self.inner.net_ctx.clone(),
-                        leader,
-                        addr,
-                        &self.inner.seeds,
-                    );
-                    *slot = Some((leader, link.clone()));
-                    link
-                }
-            }
-        };
+        let (_, link) = self.inner.leader_links.take(
+            |(id, _)| *id == leader,
+            || {
+                let link = crate::network::Forwarder::spawn(
+                    self.inner.net_ctx.clone(),
+                    leader,
+                    addr,
+                    &self.inner.seeds,
+                );
+                (leader, link)
+            },
+        );
         let ttl = Duration::from_millis(self.inner.config.election_timeout_ms.1 * 10);
         Ok(match link.call(request, ttl).await {
             Ok(reply) => Forwarded::Reply(reply),

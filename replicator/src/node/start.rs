@@ -167,6 +167,7 @@ impl NodeBuilder {
             admission,
             ..
         } = storage;
+        let forward_links = super::links::forward_links(device.backend(), &net_ctx.conn_config);
         let inner = Arc::new_cyclic(|node| {
             tasks.push(rt::spawn(
                 &seeds,
@@ -184,7 +185,7 @@ impl NodeBuilder {
                 guard,
                 metrics,
                 net_ctx,
-                leader_link: std::sync::Mutex::new(None),
+                leader_links: super::links::LinkPool::new(forward_links),
                 membership_change: Arc::new(tokio::sync::Mutex::new(())),
                 tasks,
                 seeds: seeds.clone(),
