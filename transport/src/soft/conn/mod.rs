@@ -659,6 +659,23 @@ mod tests {
         assert_eq!(mem[..3], [0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202]);
     }
 
+    /// The wire's writer ended (the connection is closing) while the
+    /// peer's request was on its way: the request is not answered, and the
+    /// queue pair fails. Before, the reader panicked (found by the
+    /// simulator, seed 0 of `sim/tests/seeds.rs`).
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_arrives_after_the_writer_ended_fails_the_queue_pair() {
+        let mut mem = vec![0u64; 4];
+        let (conn, out, to_qp, addr, rkey) = qp(&mut mem);
+        drop(out);
+        to_qp.send(read(0, addr, rkey)).unwrap();
+        let failed = tokio::time::timeout(Duration::from_secs(1), conn.recv()).await;
+        assert!(
+            matches!(failed, Ok(Err(_))),
+            "the queue pair fails at once: {failed:?}"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn acknowledged_writes_go_before_a_result_and_an_error() {
         let mut mem = vec![0u64; 4];

@@ -225,6 +225,12 @@ impl Inbound {
             self.idle();
             return false;
         }
+        // The writer is gone (the wire is closing): nothing executed now
+        // could be answered. A NIC whose link is down executes nothing.
+        if self.answers.responses.is_closed() {
+            self.shared.fail("the wire is closed".into(), None);
+            return false;
+        }
         // Room for what was held back and this answer: only the reader
         // answers now, so the sends below cannot find the queue full.
         if self.answers.responses.capacity() < 2 {
@@ -243,10 +249,19 @@ impl Inbound {
                     .into_iter()
                     .flatten()
                 {
-                    self.answers
-                        .responses
-                        .try_send(frame)
-                        .expect("room was checked and only the reader answers");
+                    match self.answers.responses.try_send(frame) {
+                        Ok(()) => {}
+                        // The writer ended since the check above: the
+                        // answer cannot reach the peer, which sees its
+                        // request flushed (a WRITE may have landed).
+                        Err(mpsc::error::TrySendError::Closed(_)) => {
+                            self.shared.fail("the wire is closed".into(), None);
+                            return false;
+                        }
+                        Err(mpsc::error::TrySendError::Full(_)) => {
+                            unreachable!("room was checked and only the reader answers")
+                        }
+                    }
                 }
                 if let Some(message) = deliver {
                     self.shared.deliver(message);
