@@ -70,9 +70,10 @@ fn a_follower_keeps_many_forwarded_calls_in_flight() {
         let leader = c.leader().await;
         c.propose(b"x".to_vec(), PATIENCE).await.expect("a commit");
         let follower = c.follower_of(leader);
-        // Concurrent forwarded reads first: calls take the follower's links
-        // in turn, so each link to the leader is open.
-        let warm = (0..16).map(|_| c.node(follower).read(ReadConsistency::Linearizable, |_| ()));
+        // As many concurrent forwarded reads first: the follower opens its
+        // links to the leader as the open ones get busy.
+        let warm =
+            (0..FORWARDED).map(|_| c.node(follower).read(ReadConsistency::Linearizable, |_| ()));
         for read in futures::future::join_all(warm).await {
             read.expect("a forwarded read");
         }

@@ -10,6 +10,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -34,6 +35,17 @@ struct Call {
 pub struct Forwarder {
     calls: mpsc::Sender<Call>,
     task: Arc<AbortOnDrop>,
+    /// Calls whose callers wait for an answer.
+    waiting: Arc<AtomicUsize>,
+}
+
+/// One caller waiting on a link (counted while it waits, however it ends).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -63,6 +75,7 @@ impl Forwarder {
         Forwarder {
             calls,
             task: Arc::new(AbortOnDrop(task)),
+            waiting: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -74,6 +87,8 @@ impl Forwarder {
     /// As [`PeerNet::call`]; [`ReplicationError::NotConnected`] when the
     /// link's task is gone (its outcome is then unknown).
     pub async fn call(&self, request: Request, ttl: Duration) -> Result<Reply, ReplicationError> {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let _waiting = Waiting(&self.waiting);
         let (reply, answer) = oneshot::channel();
         let call = Call {
             request,
@@ -85,6 +100,13 @@ impl Forwarder {
         }
         let _alive = &self.task;
         answer.await.unwrap_or(Err(ReplicationError::NotConnected))
+    }
+}
+
+impl Forwarder {
+    /// Callers waiting for an answer on this link now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
     }
 }
 

@@ -1,12 +1,11 @@
 //! The links a follower forwards calls to the leader over (proposals and
 //! read indexes): a few connections, each with many calls in flight
-//! ([`crate::network::Forwarder`]), taken in turn.
+//! ([`crate::network::Forwarder`]), the least busy taken first.
 //!
 //! Owns the choice of a link for a call; it must never open a connection
 //! itself (the link's task does, lazily) nor retry.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ringraft_transport::{Backend, ConnConfig};
 
@@ -36,37 +35,57 @@ pub(super) fn forward_links(backend: Backend, conn: &ConnConfig) -> usize {
     }
 }
 
-/// Slots for up to `n` links, each opened when a call first takes it; calls
-/// take them in turn.
+/// Calls a link carries before another is opened beside it.
+pub(super) const CALLS_PER_LINK: usize = 4;
+
+/// Slots for up to `n` links. A call takes the link with the fewest callers
+/// waiting (the lowest slot among equals, the one most likely open
+/// already); another link is opened only when every open one has
+/// [`CALLS_PER_LINK`] callers or more.
 pub(super) struct LinkPool<T> {
-    slots: Vec<Mutex<Option<T>>>,
-    next: AtomicUsize,
+    slots: Mutex<Vec<Option<T>>>,
 }
 
 impl<T: Clone> LinkPool<T> {
     /// `n` empty slots (at least one).
     pub(super) fn new(n: usize) -> LinkPool<T> {
         LinkPool {
-            slots: (0..n.max(1)).map(|_| Mutex::new(None)).collect(),
-            next: AtomicUsize::new(0),
+            slots: Mutex::new(vec![None; n.max(1)]),
         }
     }
 
-    /// The next slot's link, replaced by `open()` when `keep` refuses the
-    /// one it holds (or it holds none).
-    pub(super) fn take(&self, keep: impl Fn(&T) -> bool, open: impl FnOnce() -> T) -> T {
-        let turn = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
-        let mut slot = self.slots[turn]
+    /// A link for one call: links `keep` refuses (another leader's) are
+    /// dropped first; `load` tells a link's callers; `open` makes a link.
+    pub(super) fn take(
+        &self,
+        keep: impl Fn(&T) -> bool,
+        load: impl Fn(&T) -> usize,
+        open: impl FnOnce() -> T,
+    ) -> T {
+        let mut slots = self
+            .slots
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match &*slot {
-            Some(link) if keep(link) => link.clone(),
-            _ => {
-                let link = open();
-                *slot = Some(link.clone());
-                link
+        for slot in slots.iter_mut() {
+            if slot.as_ref().is_some_and(|link| !keep(link)) {
+                *slot = None;
             }
         }
+        let least = slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, slot)| slot.as_ref().map(|link| (load(link), i)))
+            .min();
+        let free = slots.iter().position(Option::is_none);
+        if let Some((load, i)) = least
+            && (load < CALLS_PER_LINK || free.is_none())
+        {
+            return slots[i].clone().expect("an open slot");
+        }
+        let free = free.expect("no open slot, or one free beside busy ones");
+        let link = open();
+        slots[free] = Some(link.clone());
+        link
     }
 }
 
@@ -100,17 +119,42 @@ mod tests {
     }
 
     #[test]
-    fn calls_take_the_links_in_turn_and_keep_them_open() {
-        let pool = LinkPool::<u32>::new(3);
-        let opened = std::cell::Cell::new(0);
+    fn a_call_takes_the_least_busy_link_and_opens_another_only_when_all_are_busy() {
+        use std::cell::Cell;
+        use std::rc::Rc;
+        // A link here: its id and how many callers wait on it.
+        let pool = LinkPool::<(u32, Rc<Cell<usize>>)>::new(2);
+        let opened = Cell::new(0);
         let open = || {
             opened.set(opened.get() + 1);
-            opened.get()
+            (opened.get(), Rc::new(Cell::new(0)))
         };
-        let taken: Vec<u32> = (0..6).map(|_| pool.take(|_| true, open)).collect();
-        assert_eq!(taken, vec![1, 2, 3, 1, 2, 3], "each slot opened once");
-        // A link the caller no longer wants (another leader's) is replaced.
-        assert_eq!(pool.take(|l| *l != 1, open), 4);
-        assert_eq!(pool.take(|_| true, open), 2);
+        let take = || {
+            let link = pool.take(|_| true, |(_, w)| w.get(), open);
+            link.1.set(link.1.get() + 1);
+            link
+        };
+        // One caller after the other: the first link, always.
+        for _ in 0..3 {
+            let link = take();
+            assert_eq!(link.0, 1);
+            link.1.set(link.1.get() - 1);
+        }
+        // CALLS_PER_LINK callers at once fill the first link; the next
+        // opens the second; then the least busy is taken.
+        let first: Vec<_> = (0..CALLS_PER_LINK).map(|_| take()).collect();
+        assert!(first.iter().all(|l| l.0 == 1));
+        assert_eq!(take().0, 2, "all busy: another link");
+        for _ in 1..CALLS_PER_LINK {
+            assert_eq!(take().0, 2, "the least busy");
+        }
+        assert_eq!(
+            take().0,
+            1,
+            "no free slot: the least busy, the lowest first"
+        );
+        // Another leader's links are dropped.
+        let other = pool.take(|(id, _)| *id > 2, |(_, w)| w.get(), open);
+        assert_eq!(other.0, 3);
     }
 }

@@ -499,7 +499,7 @@ impl Node {
     }
 
     /// One request to the leader `leader` over the control plane, on the
-    /// next of the links to it, in flight beside the other calls there
+    /// least busy of the links to it, in flight beside the other calls there
     /// ([`super::links`], [`crate::network::Forwarder`]).
     pub(super) async fn leader_call(
         &self,
@@ -517,6 +517,7 @@ impl Node {
             })?;
         let (_, link) = self.inner.leader_links.take(
             |(id, _)| *id == leader,
+            |(_, link)| link.waiting(),
             || {
                 let link = crate::network::Forwarder::spawn(
                     self.inner.net_ctx.clone(),
