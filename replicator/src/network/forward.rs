@@ -84,7 +84,7 @@ impl Forwarder {
     /// connections post fewer receives).
     ///
     /// # Errors
-    /// As [`PeerNet::call`]; [`ReplicationError::NotConnected`] when the
+    /// As `PeerNet::call`; [`ReplicationError::NotConnected`] when the
     /// link's task is gone (its outcome is then unknown).
     pub async fn call(&self, request: Request, ttl: Duration) -> Result<Reply, ReplicationError> {
         self.waiting.fetch_add(1, Ordering::Relaxed);
