@@ -34,7 +34,8 @@ struct Call {
 #[derive(Clone)]
 pub struct Forwarder {
     calls: mpsc::Sender<Call>,
-    task: Arc<AbortOnDrop>,
+    /// Held for its drop: the last handle gone, the task is aborted.
+    _task: Arc<AbortOnDrop>,
     /// Calls whose callers wait for an answer.
     waiting: Arc<AtomicUsize>,
 }
@@ -74,7 +75,7 @@ impl Forwarder {
         let task = crate::rt::spawn(seeds, drive(net, rx, depth));
         Forwarder {
             calls,
-            task: Arc::new(AbortOnDrop(task)),
+            _task: Arc::new(AbortOnDrop(task)),
             waiting: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -98,7 +99,6 @@ impl Forwarder {
         if self.calls.send(call).await.is_err() {
             return Err(ReplicationError::NotConnected);
         }
-        let _alive = &self.task;
         answer.await.unwrap_or(Err(ReplicationError::NotConnected))
     }
 }
