@@ -10,7 +10,7 @@ use crate::admission::AdmissionError;
 use crate::types::TypeConfig;
 
 /// Errors of the node API.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum NodeError {
     /// This node is not the leader; the leader, if known.
     #[error("not the leader; leader is {leader_id:?} at {leader_addr:?}")]

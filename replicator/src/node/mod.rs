@@ -39,6 +39,7 @@ use crate::network::NetCtx;
 use crate::state_machine::SmStore;
 use crate::types::Raft;
 
+mod coalesce;
 mod config;
 mod error;
 mod failover;
@@ -76,6 +77,9 @@ struct Inner {
     /// and read indexes, each with many in flight at once
     /// ([`crate::network::Forwarder`]).
     leader_links: links::LinkPool<(u64, crate::network::Forwarder)>,
+    /// A follower's read indexes from the leader, shared by the reads that
+    /// wait for the same round: `[ReadIndex, lease]` ([`read`]).
+    read_rounds: [coalesce::Coalesce<Result<Option<u64>, NodeError>>; 2],
     /// Held across each membership change ([`membership`]): one at a time
     /// from this node, each checked against the core's state first.
     membership_change: Arc<tokio::sync::Mutex<()>>,

@@ -60,29 +60,56 @@ impl Node {
     }
 
     /// Makes a read at `policy` safe here: on the leader, openraft confirms
-    /// its leadership (or its lease); on a follower, the leader does and
-    /// gives its read index, and this waits until it applied that far. A
-    /// leader that cannot be reached is waited out ([`Node::leader_other_than`])
-    /// a few times.
+    /// its leadership (or its lease; concurrent ReadIndex reads share its
+    /// rounds); on a follower, the leader does and gives its read index, and
+    /// this waits until it applied that far. A follower's concurrent reads
+    /// share those calls ([`super::coalesce`]): a read that arrives while
+    /// one is in flight joins the next, so the leader answers two calls
+    /// for any number of reads, not one each.
     async fn confirm_read(&self, policy: ReadPolicy) -> Result<(), NodeError> {
+        if self.confirm_here(policy.clone()).await?.is_none() {
+            return Ok(());
+        }
+        let lease = policy == ReadPolicy::LeaseRead;
+        let rounds = &self.inner.read_rounds[usize::from(lease)];
+        match rounds.run(|| self.read_index(policy)).await? {
+            None => Ok(()),
+            Some(index) => {
+                let timeout = Duration::from_millis(self.inner.config.election_timeout_ms.1 * 10);
+                self.wait_applied(index, timeout).await
+            }
+        }
+    }
+
+    /// openraft's check of a read at `policy` here: `None` once it is safe
+    /// (this node leads), else whom it names as the leader.
+    async fn confirm_here(&self, policy: ReadPolicy) -> Result<Option<Option<u64>>, NodeError> {
+        match self.inner.raft.ensure_linearizable(policy).await {
+            Ok(_) => Ok(None),
+            Err(RaftError::APIError(openraft::error::LinearizableReadError::ForwardToLeader(
+                fwd,
+            ))) => Ok(Some(fwd.leader_id)),
+            Err(other) => Err(raft_error(other)),
+        }
+    }
+
+    /// A read index at `policy` from the leader (`None`: this node leads
+    /// now and confirmed the read itself). A leader that cannot be reached
+    /// is waited out ([`Node::leader_other_than`]) a few times.
+    async fn read_index(&self, policy: ReadPolicy) -> Result<Option<u64>, NodeError> {
         const ATTEMPTS: usize = 3;
+        let lease = policy == ReadPolicy::LeaseRead;
         let mut unreachable = None;
         for _ in 0..ATTEMPTS {
-            let fwd = match self.inner.raft.ensure_linearizable(policy.clone()).await {
-                Ok(_) => return Ok(()),
-                Err(RaftError::APIError(
-                    openraft::error::LinearizableReadError::ForwardToLeader(fwd),
-                )) => fwd,
-                Err(other) => return Err(raft_error(other)),
+            let Some(leader) = self.confirm_here(policy.clone()).await? else {
+                return Ok(None);
             };
-            let leader = fwd
-                .leader_id
+            let leader = leader
                 .filter(|l| *l != self.id())
                 .ok_or(NodeError::NotLeader {
-                    leader_id: fwd.leader_id,
+                    leader_id: leader,
                     leader_addr: None,
                 })?;
-            let lease = policy == ReadPolicy::LeaseRead;
             let request = crate::protocol::Request::ReadIndex { lease };
             let reply = match self.leader_call(leader, request).await? {
                 Forwarded::Reply(reply) => reply,
@@ -98,22 +125,14 @@ impl Node {
                     continue;
                 }
             };
-            match reply {
-                crate::protocol::Reply::ReadIndex(index) => {
-                    let timeout =
-                        Duration::from_millis(self.inner.config.election_timeout_ms.1 * 10);
-                    return self.wait_applied(index, timeout).await;
-                }
-                crate::protocol::Reply::NotLeader(l) => {
-                    return Err(NodeError::NotLeader {
-                        leader_id: l,
-                        leader_addr: None,
-                    });
-                }
-                other => {
-                    return Err(NodeError::Raft(format!("unexpected answer {other:?}")));
-                }
-            }
+            return match reply {
+                crate::protocol::Reply::ReadIndex(index) => Ok(Some(index)),
+                crate::protocol::Reply::NotLeader(l) => Err(NodeError::NotLeader {
+                    leader_id: l,
+                    leader_addr: None,
+                }),
+                other => Err(NodeError::Raft(format!("unexpected answer {other:?}"))),
+            };
         }
         Err(NodeError::NotLeader {
             leader_id: unreachable,

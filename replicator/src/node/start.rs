@@ -186,6 +186,10 @@ impl NodeBuilder {
                 metrics,
                 net_ctx,
                 leader_links: super::links::LinkPool::new(forward_links),
+                read_rounds: [
+                    super::coalesce::Coalesce::new(),
+                    super::coalesce::Coalesce::new(),
+                ],
                 membership_change: Arc::new(tokio::sync::Mutex::new(())),
                 tasks,
                 seeds: seeds.clone(),
