@@ -802,6 +802,58 @@ async fn the_leader_removes_itself_and_the_others_go_on() {
     assert_nothing_lost(&c, &history);
 }
 
+/// A membership change whose caller gives up (a client's deadline) still
+/// holds the node's one-at-a-time lock until openraft answers it: the next
+/// change waits for it. Were the lock the caller's, it would be released
+/// with the caller while openraft still held the first change uncommitted,
+/// and the next would meet it in the core (openraft refuses a change while
+/// another is uncommitted: `InProgress`; a change on a leader that removed
+/// itself meanwhile panicked the core, see above).
+#[test]
+fn a_membership_change_given_up_still_holds_the_next_one_back() {
+    ringraft_testkit::inproc::paused_runtime().block_on(async {
+        let c = Cluster::start_deterministic(0x3e3b, |_| {}).await;
+        let leader = c.leader().await;
+        c.propose(b"x".to_vec(), T).await.expect("a commit");
+        let followers: Vec<u64> = c.running().into_iter().filter(|id| *id != leader).collect();
+        let addr = |id: u64| c.members[&id].config.listen.clone();
+        // Nothing from the leader reaches the followers: no change commits.
+        for f in &followers {
+            c.fabric.cut_one_way(&addr(leader), &addr(*f));
+        }
+        let node = c.node(leader).clone();
+        let first = tokio::time::timeout(
+            Duration::from_millis(20),
+            node.remove([followers[0]].into()),
+        )
+        .await;
+        assert!(
+            first.is_err(),
+            "a change committed through the cut: {first:?}"
+        );
+        let next = tokio::spawn({
+            let node = node.clone();
+            let other = followers[1];
+            async move { node.remove([other].into()).await }
+        });
+        // Well within the followers' lease of the leader (virtual time).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !next.is_finished(),
+            "the next change did not wait for the one given up: {:?}",
+            next.await
+        );
+        c.fabric.heal();
+        tokio::time::timeout(T, next)
+            .await
+            .expect("the next change finishes")
+            .expect("the task")
+            .expect("the next change, after the first");
+        let status = c.node(leader).status();
+        assert_eq!(status.voters, BTreeSet::from([leader]), "{status:?}");
+    });
+}
+
 /// A core that stops on its own is reported: [`Node::core_stopped`]
 /// resolves with why (`ringraft serve` then exits instead of serving with a
 /// dead core, answering a stale "leader" forever as it did in the Jepsen
