@@ -203,6 +203,25 @@ mod tests {
         }
     }
 
+    /// A caller of `c`, on a task of its own.
+    fn caller(c: &Arc<Coalesce<u64>>, rounds: &Arc<Rounds>) -> tokio::task::JoinHandle<u64> {
+        let (c, r) = (c.clone(), rounds.clone());
+        tokio::spawn(async move { c.run(|| r.round()).await })
+    }
+
+    /// A coalescer whose round 1 is in flight, and its runner.
+    async fn round_one_in_flight() -> (
+        Arc<Coalesce<u64>>,
+        Arc<Rounds>,
+        tokio::task::JoinHandle<u64>,
+    ) {
+        let c = Arc::new(Coalesce::new());
+        let rounds = Rounds::new();
+        let first = caller(&c, &rounds);
+        rounds.entered.notified().await;
+        (c, rounds, first)
+    }
+
     #[test]
     fn a_lone_caller_runs_its_own_round() {
         rt().block_on(async {
@@ -217,20 +236,9 @@ mod tests {
     #[test]
     fn callers_during_a_round_share_the_next_one() {
         rt().block_on(async {
-            let c = Arc::new(Coalesce::new());
-            let rounds = Rounds::new();
-            let first = {
-                let (c, r) = (c.clone(), rounds.clone());
-                tokio::spawn(async move { c.run(|| r.round()).await })
-            };
-            rounds.entered.notified().await;
+            let (c, rounds, first) = round_one_in_flight().await;
             // Round 1 is in flight: these arrive after it started.
-            let later: Vec<_> = (0..10)
-                .map(|_| {
-                    let (c, r) = (c.clone(), rounds.clone());
-                    tokio::spawn(async move { c.run(|| r.round()).await })
-                })
-                .collect();
+            let later: Vec<_> = (0..10).map(|_| caller(&c, &rounds)).collect();
             settle().await;
             assert_eq!(rounds.started.load(Ordering::SeqCst), 1, "they wait");
             rounds.gate.add_permits(1);
@@ -258,27 +266,15 @@ mod tests {
     #[test]
     fn a_runner_dropped_mid_round_hands_the_turn_on() {
         rt().block_on(async {
-            let c = Arc::new(Coalesce::new());
-            let rounds = Rounds::new();
-            let first = {
-                let (c, r) = (c.clone(), rounds.clone());
-                tokio::spawn(async move { c.run(|| r.round()).await })
-            };
-            rounds.entered.notified().await;
-            let second = {
-                let (c, r) = (c.clone(), rounds.clone());
-                tokio::spawn(async move { c.run(|| r.round()).await })
-            };
+            let (c, rounds, first) = round_one_in_flight().await;
+            let second = caller(&c, &rounds);
             settle().await;
             // The runner of round 2 goes away mid-round, its batch (the
             // third caller) unanswered.
             rounds.gate.add_permits(1);
             assert_eq!(first.await.unwrap(), 1);
             settle().await;
-            let third = {
-                let (c, r) = (c.clone(), rounds.clone());
-                tokio::spawn(async move { c.run(|| r.round()).await })
-            };
+            let third = caller(&c, &rounds);
             settle().await;
             assert_eq!(rounds.started.load(Ordering::SeqCst), 2);
             second.abort();
@@ -293,17 +289,8 @@ mod tests {
     #[test]
     fn a_waiter_dropped_with_the_turn_passes_it_on() {
         rt().block_on(async {
-            let c = Arc::new(Coalesce::new());
-            let rounds = Rounds::new();
-            let first = {
-                let (c, r) = (c.clone(), rounds.clone());
-                tokio::spawn(async move { c.run(|| r.round()).await })
-            };
-            rounds.entered.notified().await;
-            let spawn = || {
-                let (c, r) = (c.clone(), rounds.clone());
-                tokio::spawn(async move { c.run(|| r.round()).await })
-            };
+            let (c, rounds, first) = round_one_in_flight().await;
+            let spawn = || caller(&c, &rounds);
             let (second, third) = (spawn(), spawn());
             settle().await;
             // Round 1 ends and hands the turn to the second caller; it is
@@ -322,17 +309,8 @@ mod tests {
     #[test]
     fn a_waiter_dropped_in_the_queue_is_skipped() {
         rt().block_on(async {
-            let c = Arc::new(Coalesce::new());
-            let rounds = Rounds::new();
-            let first = {
-                let (c, r) = (c.clone(), rounds.clone());
-                tokio::spawn(async move { c.run(|| r.round()).await })
-            };
-            rounds.entered.notified().await;
-            let gone = {
-                let (c, r) = (c.clone(), rounds.clone());
-                tokio::spawn(async move { c.run(|| r.round()).await })
-            };
+            let (c, rounds, first) = round_one_in_flight().await;
+            let gone = caller(&c, &rounds);
             settle().await;
             gone.abort();
             let _ = gone.await;
