@@ -101,9 +101,7 @@ impl Forwarder {
         }
         answer.await.unwrap_or(Err(ReplicationError::NotConnected))
     }
-}
 
-impl Forwarder {
     /// Callers waiting for an answer on this link now.
     pub fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Relaxed)

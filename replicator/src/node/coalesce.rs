@@ -290,8 +290,7 @@ mod tests {
     fn a_waiter_dropped_with_the_turn_passes_it_on() {
         rt().block_on(async {
             let (c, rounds, first) = round_one_in_flight().await;
-            let spawn = || caller(&c, &rounds);
-            let (second, third) = (spawn(), spawn());
+            let (second, third) = (caller(&c, &rounds), caller(&c, &rounds));
             settle().await;
             // Round 1 ends and hands the turn to the second caller; it is
             // dropped before it can take it (abort before it runs again).
