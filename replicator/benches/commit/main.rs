@@ -22,6 +22,8 @@
 //! - `--secs S` (`RINGRAFT_BENCH_SECS`, default 10): measured seconds per case;
 //! - `--warmup S` (`RINGRAFT_BENCH_WARMUP`, default 2): warm-up seconds per case;
 //! - `--commits N` (`RINGRAFT_BENCH_COMMITS`, default 5000000): cap per case;
+//! - `--entry-bytes N` (`RINGRAFT_BENCH_ENTRY_BYTES`, default 64): application
+//!   bytes per entry;
 //! - `--proposers LIST` (`RINGRAFT_BENCH_PROPOSERS`, default `1,64`);
 //! - `--threads N` (`RINGRAFT_BENCH_THREADS`, default: the CPUs): tokio
 //!   worker threads, shared by the three nodes and the proposers;
@@ -57,6 +59,7 @@ use ringraft::{
 };
 
 /// Bytes of every proposal.
+/// Entry size unless `--entry-bytes` says otherwise.
 const ENTRY_BYTES: usize = 64;
 /// The cluster secret.
 const SECRET: &[u8] = b"ringraft commit benchmark secret";
@@ -351,7 +354,7 @@ fn new_hist() -> Histogram<u64> {
 
 /// `proposers` tasks propose in a loop until `secs` passed or `cap` commits
 /// were made.
-async fn drive(leader: &Leader, proposers: usize, secs: f64, cap: u64) -> Outcome {
+async fn drive(leader: &Leader, proposers: usize, secs: f64, cap: u64, bytes: usize) -> Outcome {
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(secs);
     let issued = Arc::new(AtomicU64::new(0));
@@ -364,7 +367,7 @@ async fn drive(leader: &Leader, proposers: usize, secs: f64, cap: u64) -> Outcom
             let mut errors = 0u64;
             let mut first_error = None;
             while Instant::now() < deadline && issued.fetch_add(1, Ordering::Relaxed) < cap {
-                let data = vec![0x5a; ENTRY_BYTES];
+                let data = vec![0x5a; bytes];
                 let t = Instant::now();
                 match leader.propose(data).await {
                     Ok(()) => {
@@ -405,6 +408,8 @@ struct Settings {
     secs: f64,
     warmup: f64,
     commits: u64,
+    /// Bytes of application data per entry.
+    entry_bytes: usize,
     proposers: Vec<usize>,
     threads: usize,
     settle: f64,
@@ -420,6 +425,7 @@ fn settings() -> Settings {
     let mut secs = env("RINGRAFT_BENCH_SECS");
     let mut warmup = env("RINGRAFT_BENCH_WARMUP");
     let mut commits = env("RINGRAFT_BENCH_COMMITS");
+    let mut entry_bytes = env("RINGRAFT_BENCH_ENTRY_BYTES");
     let mut proposers = env("RINGRAFT_BENCH_PROPOSERS");
     let mut threads = env("RINGRAFT_BENCH_THREADS");
     let mut dir = env("RINGRAFT_BENCH_DIR");
@@ -439,6 +445,7 @@ fn settings() -> Settings {
             "--secs" => secs = value("--secs"),
             "--warmup" => warmup = value("--warmup"),
             "--commits" => commits = value("--commits"),
+            "--entry-bytes" => entry_bytes = value("--entry-bytes"),
             "--proposers" => proposers = value("--proposers"),
             "--threads" => threads = value("--threads"),
             "--dir" => dir = value("--dir"),
@@ -458,6 +465,7 @@ fn settings() -> Settings {
         secs: parse_f64(secs, if smoke { 0.15 } else { 10.0 }),
         warmup: parse_f64(warmup, if smoke { 0.05 } else { 2.0 }),
         commits: commits.map_or(5_000_000, |v| v.parse().expect("a count")),
+        entry_bytes: entry_bytes.map_or(ENTRY_BYTES, |v| v.parse().expect("a number of bytes")),
         proposers: proposers
             .as_deref()
             .unwrap_or("1,64")
@@ -540,7 +548,7 @@ fn main() {
         s.warmup,
         s.secs,
         s.commits,
-        ENTRY_BYTES,
+        s.entry_bytes,
         s.threads,
         root.path().display(),
         if s.smoke {
@@ -608,7 +616,7 @@ fn run_case(
         let cluster = Cluster::start(system, dir, s.ring_capacity).await;
         let leader = cluster.leader().await;
         if s.warmup > 0.0 {
-            let warm = drive(&leader, proposers, s.warmup, u64::MAX).await;
+            let warm = drive(&leader, proposers, s.warmup, u64::MAX, s.entry_bytes).await;
             assert!(
                 warm.commits > 0,
                 "{label}: nothing committed in the warm-up: {:?}",
@@ -616,7 +624,7 @@ fn run_case(
             );
         }
         let before = CpuSample::now();
-        let outcome = drive(&leader, proposers, s.secs, s.commits).await;
+        let outcome = drive(&leader, proposers, s.secs, s.commits, s.entry_bytes).await;
         let cpu = cpu_share(before, CpuSample::now());
         cluster.shutdown().await;
         (outcome, cpu)
@@ -666,8 +674,9 @@ fn report_case(label: &str, outcome: &Outcome, cpu: &CpuShare) {
 fn print_table(s: &Settings, fs: Option<(String, String, String)>, rows: &[Row]) {
     println!();
     println!(
-        "3-node cluster in one process, {ENTRY_BYTES} B entries; {} CPUs, {} tokio worker \
+        "3-node cluster in one process, {} B entries; {} CPUs, {} tokio worker \
          threads; data dirs on {}; {} s warm-up, {} s measured per row",
+        s.entry_bytes,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         s.threads,
         fs.map(|(kind, device, point)| format!("{kind} ({device} at {point})"))
