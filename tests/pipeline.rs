@@ -228,16 +228,24 @@ fn a_leadership_transfer_inside_the_pipeline_loses_and_reorders_nothing() {
 
 /// A leader replicates (and applies) the entries it just appended from
 /// memory, as openraft gave them to its log store: with its followers
-/// keeping up, it decodes none of them back out of its ring (issue 14,
-/// item 2). Before, openraft's reads for each follower's replication and
-/// for the apply read every entry out of the ring, checked and decoded it.
+/// keeping up, it decodes none of them back out of its ring, and it
+/// encodes each entry's payload once, when appending it, for its own ring
+/// and its followers' (issue 14, item 2). Before, openraft's reads for
+/// each follower's replication and for the apply read every entry out of
+/// the ring, checked and decoded it, and each follower's link encoded it
+/// again.
 #[test]
-fn a_leader_replicates_what_it_appended_without_decoding_its_ring() {
+fn a_leader_replicates_what_it_appended_without_decoding_its_ring_or_encoding_again() {
     paused_runtime().block_on(async {
         let c = cluster().await;
         let leader = c.leader().await;
         let store = c.node(leader).log_store().clone();
+        let metrics = c.node(leader).metrics();
         let before = store.entries_decoded();
+        let (written, encoded) = (
+            metrics.bytes_written.get(),
+            metrics.entries_encoded_for_followers.get(),
+        );
         let mut last = 0;
         for b in 0..BATCHES {
             let (session, records) = batch(7, b);
@@ -255,5 +263,14 @@ fn a_leader_replicates_what_it_appended_without_decoding_its_ring() {
             BATCHES * PER_BATCH
         );
         assert_eq!(decoded, 0, "entries read back out of the leader's ring");
+        assert!(
+            metrics.bytes_written.get() > written,
+            "the entries went one-sided"
+        );
+        assert_eq!(
+            metrics.entries_encoded_for_followers.get() - encoded,
+            0,
+            "entries encoded again for a follower's ring"
+        );
     });
 }

@@ -125,6 +125,11 @@ pub struct Metrics {
     pub fenced_writes: Counter,
     /// Bytes WRITTEN one-sided into followers' rings.
     pub bytes_written: Counter,
+    /// Entries whose payloads a leader encoded again for a follower's
+    /// ring, its log store's encoding not at hand (a new leader's first
+    /// batches, entries older than the store's window of recent ones);
+    /// the others were encoded once, when appended.
+    pub entries_encoded_for_followers: Counter,
     /// Leaders this node found gone through the fabric: their connection
     /// ended and their address refused a probe ([`crate::Node`]'s fast
     /// failover).

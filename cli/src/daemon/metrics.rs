@@ -145,6 +145,12 @@ fn data_plane_gauges(registry: &mut Registry, node: &Node) {
         "Bytes written one-sided into followers' rings",
         m.bytes_written.get() as i64,
     );
+    gauge(
+        registry,
+        "entries_encoded_for_followers",
+        "Entries encoded again for a follower's ring (the log store's encoding not at hand)",
+        m.entries_encoded_for_followers.get() as i64,
+    );
     let fence = node.log_store().fence();
     gauge(
         registry,

@@ -56,6 +56,8 @@ mod codec;
 mod recent;
 mod storage;
 
+pub(crate) use codec::Encoded;
+pub use codec::Payloads;
 pub use codec::decode_entry;
 pub(crate) use codec::encode_payload;
 use codec::{io_err, pos, to_log_id};
@@ -507,8 +509,16 @@ impl LogStore {
         self.inner.recent.lock().expect("recent entries lock")
     }
 
-    /// Keeps `entries`, just appended, for the reads that follow.
-    fn remember(&self, entries: Vec<Entry>) {
+    /// The encodings of `entries`' payloads that this node made when it
+    /// appended them and still keeps (issue 14, item 2): what a leader
+    /// WRITEs into its followers' rings.
+    pub(crate) fn payloads(&self, entries: &[Entry]) -> Payloads {
+        self.recent().payloads(entries)
+    }
+
+    /// Keeps `entries`, just appended, for the reads that follow, with
+    /// their payloads' encodings where this node made them.
+    fn remember(&self, entries: Vec<Entry>, encoded: Option<Vec<Encoded>>) {
         let Some(last) = entries.last().map(|e| e.log_id) else {
             return;
         };
@@ -519,7 +529,7 @@ impl LogStore {
         if wal.ring().next_index() == last.index + 1
             && wal.term_of(last.index) == Some(term_of(&last))
         {
-            recent.appended(entries);
+            recent.appended(entries, encoded);
         } else {
             debug_assert!(false, "appended entries that do not end the log");
             recent.clear();
@@ -902,24 +912,26 @@ impl LogStore {
         Ok(fence)
     }
 
-    async fn append_local(&self, entries: &[Entry]) -> io::Result<()> {
+    /// Writes `entries` into the ring itself, and returns their payloads'
+    /// encodings (made once here, for the followers' rings too).
+    async fn append_local(&self, entries: &[Entry]) -> io::Result<Vec<Encoded>> {
         let max_term = entries
             .iter()
             .map(|e| term_of(&e.log_id))
             .max()
             .unwrap_or(0);
         let epoch = self.epoch_for(max_term).await?;
-        let payloads = entries
+        let encoded = entries
             .iter()
-            .map(|e| encode_payload(&e.payload))
+            .map(Encoded::of)
             .collect::<io::Result<Vec<_>>>()?;
         let refs: Vec<EntryRef<'_>> = entries
             .iter()
-            .zip(&payloads)
-            .map(|(e, p)| EntryRef {
+            .zip(&encoded)
+            .map(|(e, x)| EntryRef {
                 term: term_of(&e.log_id),
                 index: e.log_id.index,
-                payload: p,
+                payload: &x.bytes,
             })
             .collect();
         // No waiting for room here: openraft's core task awaits this append,
@@ -932,7 +944,7 @@ impl LogStore {
         // follower's two-sided batch comes from a peer that may be faulty.
         let result = self.wal().ring_mut().append(epoch, &refs);
         match result {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(encoded),
             Err(e @ WalError::RingFull { .. }) => {
                 tracing::error!(error = %e, "ring full on append: admission or flow control broke");
                 Err(io_err(format!(
@@ -967,7 +979,9 @@ impl LogStore {
     /// was checked, its bytes were erased) is not an error: openraft
     /// decided these entries belong in the log, so they are written
     /// locally instead.
-    async fn append_entries(&self, entries: &[Entry]) -> io::Result<()> {
+    /// Returns the entries' payloads' encodings where it wrote them itself
+    /// (`None`: adopted as they lay).
+    async fn append_entries(&self, entries: &[Entry]) -> io::Result<Option<Vec<Encoded>>> {
         // Taken and committed under the adoptions lock: a connection that
         // sees its adoption gone (to prepare its next batch at the new
         // tail), and an erasure of scratch, see it in the log already.
@@ -990,13 +1004,13 @@ impl LogStore {
             self.inner.adoptions_changed.send_modify(|v| *v += 1);
         }
         match committed {
-            Some(Ok(())) => return Ok(()),
+            Some(Ok(())) => return Ok(None),
             Some(Err(why)) => tracing::info!(
                 why,
                 "prepared records not adopted as they lie; writing the entries locally"
             ),
             None => {}
         }
-        self.append_local(entries).await
+        self.append_local(entries).await.map(Some)
     }
 }

@@ -114,11 +114,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             callback.io_completed(Ok(()));
             return Ok(());
         };
-        if let Err(e) = self.append_entries(&entries).await {
-            callback.io_completed(Err(io::Error::new(e.kind(), e.to_string())));
-            return Err(e);
-        }
-        self.remember(entries);
+        let encoded = match self.append_entries(&entries).await {
+            Ok(encoded) => encoded,
+            Err(e) => {
+                callback.io_completed(Err(io::Error::new(e.kind(), e.to_string())));
+                return Err(e);
+            }
+        };
+        self.remember(entries, encoded);
         match self.inner.durability {
             // In shared memory: survives a killed process. The flusher
             // writes it to the segments later, unflushed.

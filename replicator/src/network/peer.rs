@@ -14,6 +14,7 @@ use ringraft_transport::{Chained, Received};
 use sync_wrapper::SyncWrapper;
 
 use super::pool::{self, NetCtx, PeerConn};
+use crate::log_store::Payloads;
 use crate::protocol::{Reply, Request, decode, encode};
 use crate::replication::{
     Answer, AppendRequest, Completion, Link, LinkConfig, LinkEvent, Op, OpId, ReplicationError,
@@ -106,11 +107,22 @@ impl PeerNet {
         ttl: Duration,
     ) -> Result<crate::replication::link::AppendResponse, ReplicationError> {
         self.begin();
-        let ticket = self.link.append(now(), request, ttl);
+        let payloads = self.payloads(&request);
+        let ticket = self.link.append(now(), request, payloads, ttl);
         match self.answer(ticket).await {
             Answer::Append(result) => result,
             Answer::Reply(_) => unreachable!("an append is answered as one"),
         }
+    }
+
+    /// The encodings of `request`'s entries that this node's log store
+    /// made when it appended them (none where it has none, or no store).
+    pub(super) fn payloads(&self, request: &AppendRequest) -> Payloads {
+        self.ctx
+            .log
+            .upgrade()
+            .map(|store| store.payloads(&request.entries))
+            .unwrap_or_default()
     }
 
     /// One exchange of `request` and its reply.
@@ -299,8 +311,12 @@ impl PeerNet {
                 to_lsn,
                 bytes,
                 entries,
+                encoded_here,
             } => {
                 metrics.bytes_written.inc_by(bytes);
+                metrics
+                    .entries_encoded_for_followers
+                    .inc_by(encoded_here as u64);
                 tracing::trace!(
                     target = self.target,
                     from = from_lsn,

@@ -61,7 +61,8 @@ where
                 Woke::Input(Some(request)) => {
                     let prev = request.prev_log_id;
                     let last = request.entries.last().map(|e| e.log_id).or(prev);
-                    let ticket = self.net.link.append(now(), request, self.ttl);
+                    let payloads = self.net.payloads(&request);
+                    let ticket = self.net.link.append(now(), request, payloads, self.ttl);
                     self.pending.push_back((ticket, prev, last));
                 }
                 Woke::Link => {}

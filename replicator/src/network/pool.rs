@@ -26,13 +26,18 @@ pub struct NetCtx {
     pub conn_config: ConnConfig,
     /// Metrics.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// This node's log store, whose encodings of the entries it appended
+    /// last the links WRITE as they are (none: every entry is encoded for
+    /// each follower).
+    pub log: crate::log_store::WeakLogStore,
     /// What clients that are gone left for the next client of the same
     /// target (openraft makes a new client for every round of votes).
     pub(crate) spare: std::sync::Mutex<std::collections::HashMap<u64, Spare>>,
 }
 
 impl NetCtx {
-    /// What the clients of node `node_id` of cluster `cluster_id` need.
+    /// What the clients of node `node_id` of cluster `cluster_id` need
+    /// (without a log store: see [`NetCtx::log`]).
     pub fn new(
         device: Device,
         node_id: u64,
@@ -46,6 +51,7 @@ impl NetCtx {
             cluster_id,
             conn_config,
             metrics,
+            log: Default::default(),
             spare: Default::default(),
         }
     }

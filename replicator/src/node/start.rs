@@ -115,6 +115,7 @@ impl NodeBuilder {
             cluster_id: config.cluster_id,
             conn_config: config.conn.clone(),
             metrics: metrics.clone(),
+            log: storage.store.downgrade(),
             spare: Default::default(),
         });
         let net = NetworkFactory::new(net_ctx.clone());

@@ -12,7 +12,7 @@ use super::{
     Answer, Expect, Fencing, Link, LinkEvent, Op, Parts, Queued, ROOM_BACKOFF_FIRST,
     ROOM_BACKOFF_MAX, Staged, Ticket, View, Work,
 };
-use crate::log_store::encode_payload;
+use crate::log_store::{Encoded, Payloads};
 use crate::protocol::{AppendBody, MAX_PART_BYTES, Reply, Request, encode_entries};
 use crate::replication::checks::{check_tail, cut_to_fit};
 use crate::replication::{AppendRequest, ReplicationError};
@@ -21,7 +21,7 @@ use crate::types::{LogId, term_of};
 impl Link {
     pub(super) fn post_heartbeat(&mut self, now: Instant) {
         let queued = self.queue.pop_front().expect("a front");
-        let Work::Append(request) = queued.work else {
+        let Work::Append(request, _) = queued.work else {
             unreachable!("matched an append")
         };
         // A heartbeat names the epoch of its vote (no fence is needed for
@@ -46,7 +46,7 @@ impl Link {
     /// it one-sided or two-sided. Returns whether it left the queue.
     pub(super) fn advance_batch(&mut self, now: Instant) -> bool {
         let Some(Queued {
-            work: Work::Append(request),
+            work: Work::Append(request, _),
             ..
         }) = self.queue.front()
         else {
@@ -92,7 +92,7 @@ impl Link {
             return false;
         }
         let queued = self.queue.pop_front().expect("a front");
-        let Work::Append(mut request) = queued.work else {
+        let Work::Append(mut request, payloads) = queued.work else {
             unreachable!("matched an append")
         };
         if let Some(held) = skip.filter(|&held| held > 0) {
@@ -100,9 +100,9 @@ impl Link {
             request.prev_log_id = self.view.expect("a view").tail.last_log_id();
         }
         let result = if continues {
-            self.stage_written(now, queued.ticket, queued.ttl, request)
+            self.stage_written(now, queued.ticket, queued.ttl, request, &payloads)
         } else {
-            self.send_parts(now, queued.ticket, queued.ttl, request)
+            self.send_parts(now, queued.ticket, queued.ttl, request, &payloads)
         };
         match result {
             Ok(()) => true,
@@ -113,26 +113,35 @@ impl Link {
         }
     }
 
-    /// The payloads of `request`'s entries, encoded, and `request` cut to
-    /// the prefix whose records take at most half of a ring of `capacity`
-    /// (the last entry kept, where it cut anything).
+    /// The payloads of `request`'s entries, encoded (as `payloads` holds
+    /// them, else here), how many of them were encoded here, and `request`
+    /// cut to the prefix whose records take at most half of a ring of
+    /// `capacity` (the last entry kept, where it cut anything).
     fn encode_and_cut(
         &mut self,
         request: &mut AppendRequest,
+        payloads: &Payloads,
         capacity: u64,
-    ) -> Result<(Option<LogId>, Vec<Vec<u8>>), ReplicationError> {
-        let mut payloads = request
+    ) -> Result<(Option<LogId>, Vec<Encoded>, usize), ReplicationError> {
+        let mut encoded_here = 0;
+        let mut encoded = request
             .entries
             .iter()
-            .map(|e| encode_payload(&e.payload))
+            .map(|e| match payloads.get(&e.log_id) {
+                Some(held) => Ok(held.clone()),
+                None => {
+                    encoded_here += 1;
+                    Encoded::of(e)
+                }
+            })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| ReplicationError::Codec(format!("an entry's payload: {e}")))?;
-        let sent_to = cut_to_fit(request, payloads.iter().map(Vec::len), capacity / 2);
+        let sent_to = cut_to_fit(request, encoded.iter().map(|x| x.bytes.len()), capacity / 2);
         if let Some(sent_to) = sent_to {
-            payloads.truncate(request.entries.len());
+            encoded.truncate(request.entries.len());
             self.events.push_back(LinkEvent::Cut { sent_to });
         }
-        Ok((sent_to, payloads))
+        Ok((sent_to, encoded, encoded_here))
     }
 
     /// Encodes `request`'s entries as records after the follower's tip, cut
@@ -144,9 +153,11 @@ impl Link {
         ticket: Ticket,
         ttl: Duration,
         mut request: AppendRequest,
+        payloads: &Payloads,
     ) -> Result<(), ReplicationError> {
         let view = self.view.expect("a view for a one-sided batch");
-        let (sent_to, payloads) = self.encode_and_cut(&mut request, view.capacity)?;
+        let (sent_to, encoded, encoded_here) =
+            self.encode_and_cut(&mut request, payloads, view.capacity)?;
         let bad_grant = |e: ringraft_wal::record::EncodeError| ReplicationError::Protocol {
             node: self.config.target,
             what: format!("it granted a ring this leader cannot write: {e}"),
@@ -159,13 +170,13 @@ impl Link {
         )
         .map_err(bad_grant)?;
         let mut buffer = WriteBuffer::new(view.capacity, view.tail.next_lsn).map_err(bad_grant)?;
-        for (entry, payload) in request.entries.iter().zip(&payloads) {
+        for (entry, payload) in request.entries.iter().zip(&encoded) {
             encoder.push(
                 &mut buffer,
                 &EntryRef {
                     term: term_of(&entry.log_id),
                     index: entry.log_id.index,
-                    payload,
+                    payload: &payload.bytes,
                 },
             )?;
         }
@@ -177,6 +188,7 @@ impl Link {
             epoch: view.epoch,
             buffer,
             encoder,
+            encoded_here,
             room_deadline: now + self.config.ring_full_wait,
             retry_at: None,
             backoff: ROOM_BACKOFF_FIRST,
@@ -274,6 +286,7 @@ impl Link {
             to_lsn: staged.buffer.end_lsn(),
             bytes: staged.buffer.byte_len() as u64,
             entries,
+            encoded_here: staged.encoded_here,
         };
         // Every run inside the granted area before any is posted.
         let Some(places) = staged
@@ -322,9 +335,10 @@ impl Link {
         ticket: Ticket,
         ttl: Duration,
         mut request: AppendRequest,
+        payloads: &Payloads,
     ) -> Result<(), ReplicationError> {
         let view = self.view.expect("a view for a batch");
-        let (sent_to, _) = self.encode_and_cut(&mut request, view.capacity)?;
+        let (sent_to, ..) = self.encode_and_cut(&mut request, payloads, view.capacity)?;
         self.events.push_back(LinkEvent::TwoSided {
             entries: request.entries.len(),
         });

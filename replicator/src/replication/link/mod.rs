@@ -34,6 +34,7 @@ use ringraft_transport::{RemoteAddr, RemoteRegion, TransportError};
 use ringraft_wal::{Epoch, RecordEncoder, WriteBuffer};
 
 use super::{AppendRequest, ReplicationError};
+use crate::log_store::Payloads;
 use crate::protocol::{Hello, Reply, Request, Tail};
 use crate::types::{LogId, TypeConfig, Vote};
 
@@ -161,6 +162,10 @@ pub enum LinkEvent {
         bytes: u64,
         /// Entries.
         entries: usize,
+        /// Of them, those whose payloads were encoded here: the log
+        /// store's encoding was not at hand (a new leader's first batches,
+        /// entries older than its window of recent ones).
+        encoded_here: usize,
     },
     /// A batch travels two-sided (it does not continue the follower's
     /// known log).
@@ -219,7 +224,7 @@ enum Fencing {
 
 #[derive(Debug)]
 enum Work {
-    Append(AppendRequest),
+    Append(AppendRequest, Payloads),
     Call(Request),
 }
 
@@ -268,6 +273,8 @@ struct Staged {
     epoch: Epoch,
     buffer: WriteBuffer,
     encoder: RecordEncoder,
+    /// Of its entries, those encoded here (not by the log store).
+    encoded_here: usize,
     /// When the wait for room gives up.
     room_deadline: Instant,
     /// When to READ the head again.
@@ -336,8 +343,17 @@ impl Link {
 
     /// Takes one of openraft's AppendEntries, to be answered by
     /// [`Answer::Append`] with the returned ticket within `ttl`.
-    pub fn append(&mut self, now: Instant, request: AppendRequest, ttl: Duration) -> Ticket {
-        self.enqueue(now, Work::Append(request), ttl)
+    /// `payloads`: its entries' encodings as the log store made them, which
+    /// a one-sided batch WRITEs as they are (an entry without one is
+    /// encoded here).
+    pub fn append(
+        &mut self,
+        now: Instant,
+        request: AppendRequest,
+        payloads: Payloads,
+        ttl: Duration,
+    ) -> Ticket {
+        self.enqueue(now, Work::Append(request, payloads), ttl)
     }
 
     /// Takes a request answered by one reply (a vote, a pre-vote, a leader
@@ -664,11 +680,11 @@ impl Link {
                     self.post(Some(queued.ticket), request, Expect::Call, now + queued.ttl);
                     true
                 }
-                Work::Append(request) if request.entries.is_empty() => {
+                Work::Append(request, _) if request.entries.is_empty() => {
                     self.post_heartbeat(now);
                     true
                 }
-                Work::Append(_) => self.advance_batch(now),
+                Work::Append(..) => self.advance_batch(now),
             };
             if !progressed {
                 return;

@@ -17,7 +17,7 @@ use ringraft_wal::{Epoch, FenceWord, HeadWord, LogPos, Ring, RingConfig, VoteRec
 
 use super::acceptor::{AppendMeta, NodeView, Step, refuse_grant};
 use super::{Acceptor, Answer, AppendRequest, Completion, Link, LinkConfig, LinkEvent, Op, Ticket};
-use crate::log_store::encode_payload;
+use crate::log_store::{Payloads, encode_payload};
 use crate::protocol::{Hello, Reply, Request, Tail};
 use crate::types::{Command, Entry, LogId, Vote, log_id, term_of};
 
@@ -466,9 +466,16 @@ impl Pair {
         self.collect();
     }
 
-    /// Submits an AppendEntries.
+    /// Submits an AppendEntries (no entry's encoding at hand: the link
+    /// encodes each).
     pub(super) fn append(&mut self, request: AppendRequest) -> Ticket {
-        let ticket = self.link.append(self.now, request, TTL);
+        self.append_with(request, Payloads::default())
+    }
+
+    /// Submits an AppendEntries with encodings of its entries, as the
+    /// leader's log store made them.
+    pub(super) fn append_with(&mut self, request: AppendRequest, payloads: Payloads) -> Ticket {
+        let ticket = self.link.append(self.now, request, payloads, TTL);
         self.collect();
         ticket
     }

@@ -8,6 +8,7 @@ use openraft::raft::AppendEntriesResponse;
 use ringraft_wal::{EntryRef, Epoch, VoteRecord};
 
 use super::{FOLLOWER, LEADER, Pair, RING_FULL_WAIT, TTL, append, entries};
+use crate::log_store::{Encoded, Payloads};
 use crate::protocol::{AppendBody, Request};
 use crate::replication::{Answer, LinkEvent, Op, ReplicationError};
 use crate::types::{Vote, log_id};
@@ -91,6 +92,61 @@ fn a_first_batch_fences_then_travels_one_sided_and_the_next_needs_no_exchange() 
     assert_eq!(pair.follower.log().len(), 5);
     assert_eq!(pair.connects, 1);
     assert!(pair.closes.is_empty());
+}
+
+/// The bytes of the WRITEs on the wire.
+fn written_bytes(pair: &Pair) -> Vec<Vec<u8>> {
+    pair.wire
+        .iter()
+        .filter_map(|op| match op {
+            Op::Write { bytes, .. } => Some(bytes.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Issue 14, item 2: a batch WRITEs its entries' payloads as the leader's
+/// log store encoded them (and CRC'd them), encoding only those it has no
+/// encoding of. An encoding of another entry at the same index (another
+/// term's) is not one of them: the records are the bytes the batch would
+/// be without any encoding at hand, and the follower adopts them.
+#[test]
+fn a_batch_writes_the_stores_encodings_and_encodes_only_what_they_lack() {
+    let batch = entries(TERM, 3, 4, 100);
+    let request = || append(TERM, Some(log_id(TERM, 2)), batch.clone());
+    let mut plain = fenced_pair();
+    plain.append(request());
+    let expected = written_bytes(&plain);
+    assert!(!expected.is_empty(), "a one-sided batch");
+
+    // The store's encodings of entries 3 and 4; at 5 and 6, those of
+    // another term's entries, with other payloads.
+    let mut held: Vec<Encoded> = batch[..2]
+        .iter()
+        .map(|e| Encoded::of(e).expect("encodes"))
+        .collect();
+    held.extend(
+        entries(TERM - 1, 5, 2, 30)
+            .iter()
+            .map(|e| Encoded::of(e).expect("encodes")),
+    );
+    let mut pair = fenced_pair();
+    pair.events.clear();
+    let ticket = pair.append_with(request(), Payloads::new(held));
+    assert_eq!(written_bytes(&pair), expected, "the same records");
+    pair.settle();
+    assert!(is_success(&pair, ticket));
+    assert_eq!(pair.follower.log().len(), 7);
+    let encoded_here: Vec<usize> = pair
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            LinkEvent::Written { encoded_here, .. } => Some(*encoded_here),
+            _ => None,
+        })
+        .collect();
+    // Only the two it had no encoding of.
+    assert_eq!(encoded_here, [2]);
 }
 
 #[test]
