@@ -80,8 +80,10 @@ for busy, label in ((False, "rdma, event mode"), (True, "rdma, busy-poll")):
     cells.append(f(bw[3] / ours_bw, 2) if ours_bw and bw else "—")
     p(f"| {label} | " + " | ".join(cells) + " |")
 if bw1:
-    # MB/s of 8-byte writes, one in flight: time per completed WRITE.
-    per_write_us = 8 / bw1[3] if bw1[3] else None
+    # One WRITE in flight: time per completed WRITE, from the message rate
+    # (Mpps, six decimals). Not from the bandwidth, which perftest prints
+    # to 0.01 MB/s: 8 B at "0.14" MB/s is anything from 55 to 59 µs.
+    per_write_us = 1 / bw1[4] if bw1[4] else None
     p("")
     p(f"perftest `ib_write_bw -s 8 -t 1` (one WRITE in flight, completion-to-completion like ours): {f(per_write_us)} µs per WRITE on average.")
     for busy, label in ((False, "event mode"), (True, "busy-poll")):
