@@ -230,7 +230,8 @@ impl Cluster {
             }
             assert!(
                 Instant::now() < deadline,
-                "node {id}: {key} {now}, waiting for {value}"
+                "node {id}: {key} {now}, waiting for {value}; the end of its log:\n{}",
+                log_tail(&self.log(id), 60)
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -632,6 +633,12 @@ pub(crate) fn wal(command: &str, data_dir: &Path) -> Output {
         .args(["wal", command, "--data-dir", data_dir.to_str().unwrap()])
         .output()
         .unwrap()
+}
+
+/// The last `lines` lines of `log`.
+fn log_tail(log: &str, lines: usize) -> String {
+    let all: Vec<&str> = log.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// Fails the test with the command's stderr unless it succeeded.
