@@ -188,15 +188,20 @@ impl Cluster {
     }
 
     pub(crate) fn status(&self, id: u64) -> Option<serde_json::Value> {
+        self.try_status(id).ok()
+    }
+
+    /// Node `id`'s status, or why `ringraft status` gave none.
+    fn try_status(&self, id: u64) -> Result<serde_json::Value, String> {
         let out = cli_with(
             &self.client(id),
             &["status", "--json", "--timeout-ms", "1000"],
             None,
         );
         if !out.status.success() {
-            return None;
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
         }
-        serde_json::from_slice(&out.stdout).ok()
+        serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
     }
 
     /// The leader agreed by every running node (the test kit's rule: each
@@ -224,13 +229,19 @@ impl Cluster {
     pub(crate) fn wait_status(&self, id: u64, key: &str, value: u64, timeout: Duration) -> u64 {
         let deadline = Instant::now() + timeout;
         loop {
-            let now = self.status(id).and_then(|s| s[key].as_u64()).unwrap_or(0);
+            let status = self.try_status(id);
+            let now = status
+                .as_ref()
+                .ok()
+                .and_then(|s| s[key].as_u64())
+                .unwrap_or(0);
             if now >= value {
                 return now;
             }
             assert!(
                 Instant::now() < deadline,
-                "node {id}: {key} {now}, waiting for {value}; the end of its log:\n{}",
+                "node {id}: {key} {now}, waiting for {value}; its last status: {status:?}; \
+                 the end of its log:\n{}",
                 log_tail(&self.log(id), 60)
             );
             std::thread::sleep(Duration::from_millis(100));

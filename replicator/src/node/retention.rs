@@ -102,6 +102,7 @@ impl Node {
             .segments()
             .retention_point(config.retain_bytes, written_before)
             .min(applied + 1);
+        tracing::debug!(node = config.id, point, first, applied, "retention looked");
         if point > first.max(1) {
             match tokio::time::timeout(RETENTION_WAIT, self.trim(point)).await {
                 Ok(Ok(kept)) => {
