@@ -58,8 +58,7 @@ use ringraft::{
     StateMachine,
 };
 
-/// Bytes of every proposal.
-/// Entry size unless `--entry-bytes` says otherwise.
+/// Bytes of every proposal unless `--entry-bytes` says otherwise.
 const ENTRY_BYTES: usize = 64;
 /// The cluster secret.
 const SECRET: &[u8] = b"ringraft commit benchmark secret";

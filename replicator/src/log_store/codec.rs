@@ -71,13 +71,9 @@ impl Payloads {
         self.0.get(at).filter(|e| e.log_id == *log_id)
     }
 
-    /// How many entries' encodings it holds.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
     /// Whether it holds none.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 }

@@ -106,8 +106,7 @@ fn written_bytes(pair: &Pair) -> Vec<Vec<u8>> {
 }
 
 /// Issue 14, item 2: a batch WRITEs its entries' payloads as the leader's
-/// log store encoded them (and CRC'd them), encoding only those it has no
-/// encoding of. An encoding of another entry at the same index (another
+/// log store encoded them, encoding only those it has no encoding of. An encoding of another entry at the same index (another
 /// term's) is not one of them: the records are the bytes the batch would
 /// be without any encoding at hand, and the follower adopts them.
 #[test]
