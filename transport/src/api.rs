@@ -226,6 +226,25 @@ impl Device {
         }
     }
 
+    /// Takes `sources` as members' addresses: connections from them are
+    /// let in past the cap on connections from strangers that have not
+    /// proven the cluster secret ([`DeviceLimits::max_unauthenticated`]).
+    /// The device also learns a source by itself once a peer there proves
+    /// the secret, accepted or dialled; this seeds it (a node names its
+    /// peers' hosts at start, so that their reconnects get through a flood
+    /// of strangers even before they proved anything to this process).
+    /// The `inproc` fabric has no sources: a no-op there.
+    pub fn member_sources(&self, sources: impl IntoIterator<Item = std::net::IpAddr>) {
+        let gate = match &self.kind {
+            DeviceKind::Soft(d) => &d.gate,
+            #[cfg(feature = "rdma")]
+            DeviceKind::Rdma(d) => &d.gate,
+        };
+        for source in sources {
+            gate.learn(source);
+        }
+    }
+
     /// Asks whether anything listens at `addr`, without a handshake: a TCP
     /// connect (the `rdma` backend's bootstrap port on `rdma`), closed at
     /// once. [`Probe::Refused`] is the peer host's kernel saying that no

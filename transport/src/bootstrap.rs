@@ -1,9 +1,16 @@
 //! The TCP side of setting up a connection, shared by the `tcp` backend
 //! and the `rdma` backend's bootstrap stream: binding a listener, the
-//! accept loop (a bounded number of handshakes at once, failures counted
-//! and logged, never ending the loop), and dialling with a deadline; and
-//! the [`Listener`] every backend hands out (the `inproc` fabric feeds one
-//! without a socket).
+//! accept loop, and dialling with a deadline; and the [`Listener`] every
+//! backend hands out (the `inproc` fabric feeds one without a socket).
+//!
+//! The accept loop never waits for a peer: it asks the device's
+//! [`Gate`] before spending anything on a new connection (past its caps
+//! the connection is closed at once), gives the peer
+//! [`ConnConfig::auth_timeout`] from accept to prove the cluster secret,
+//! and only then hands the stream to the backend, which finishes the
+//! connection within [`ConnConfig::handshake_timeout`]. Failures are
+//! counted and logged, a flood of them as one line per period, and never
+//! end the loop.
 //!
 //! Owns the sockets until a backend's handshake takes the stream. Never:
 //! read or write the stream's bytes (the handshake and the backends do),
@@ -15,18 +22,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 
 use crate::api::AcceptPolicy;
 use crate::error::{Result, TransportError};
+use crate::gate::{Gate, Quiet};
+use crate::handshake::{self, Accepted};
 use crate::types::ConnConfig;
 
-/// Handshakes running at once on one listener; more wait.
-pub(crate) const MAX_CONCURRENT_HANDSHAKES: usize = 64;
 /// Authenticated connections waiting for `accept`.
 pub(crate) const ACCEPT_QUEUE: usize = 64;
 /// Pause after a failed `accept` (EMFILE and friends) before the next.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// At most one line per this period about connections that failed before
+/// proving the secret (each is counted in `rejected` all the same).
+const UNPROVEN_LOG_PERIOD: Duration = Duration::from_secs(10);
 
 /// A listener of any backend: the queue of connections whose handshake
 /// succeeded, the address clients connect to, the device's count of
@@ -99,12 +109,21 @@ pub(crate) trait Accept: Send + Sync + 'static {
     /// The device's count of failed attempts, shared by its listeners.
     fn rejected(&self) -> &Arc<AtomicU64>;
 
-    /// The server side of one attempt: the backend's handshake over
-    /// `stream` (Nagle already off) from `peer`.
+    /// The device's gate: its caps on unproven connections and its member
+    /// sources, shared by its listeners and its dials.
+    fn gate(&self) -> &Arc<Gate>;
+
+    /// This device's side of a handshake, with a fresh nonce.
+    fn local(&self) -> handshake::Local<'_>;
+
+    /// The server side of one attempt once `peer` has proven the cluster
+    /// secret (`accepted`): the backend's checks and setup over `stream`
+    /// (Nagle already off), then its answer.
     fn accept_one(
         &self,
         stream: TcpStream,
         peer: &str,
+        accepted: Accepted,
         config: &ConnConfig,
         policy: &AcceptPolicy,
     ) -> impl Future<Output = Result<Self::Connection>> + Send;
@@ -170,25 +189,25 @@ pub(crate) async fn probe(addr: &str, timeout: Duration) -> crate::Probe {
     }
 }
 
-/// Waits for `stream`'s first byte, within `timeout`: `Ok(false)` when
-/// the peer closed it before sending one (a [`probe`], not a connection
-/// attempt: the client speaks first in every handshake).
-async fn first_byte(stream: &TcpStream, peer: &str, timeout: Duration) -> Result<bool> {
+/// Waits for `stream`'s first byte: `Ok(false)` when the peer closed it
+/// before sending one (a [`probe`], not a connection attempt: the client
+/// speaks first in every handshake).
+async fn first_byte(stream: &TcpStream, peer: &str) -> Result<bool> {
     let mut byte = [0u8; 1];
-    match tokio::time::timeout(timeout, stream.peek(&mut byte)).await {
-        Ok(Ok(n)) => Ok(n > 0),
-        Ok(Err(e)) => Err(TransportError::io(format!("read from {peer}"))(e)),
-        Err(_) => Err(TransportError::Timeout {
-            what: format!("the handshake of {peer}"),
-            after_ms: timeout.as_millis() as u64,
-        }),
-    }
+    stream
+        .peek(&mut byte)
+        .await
+        .map(|n| n > 0)
+        .map_err(TransportError::io(format!("read from {peer}")))
 }
 
-/// Accepts TCP connections for ever, running `device`'s handshake on each,
-/// at most [`MAX_CONCURRENT_HANDSHAKES`] at once. Connections it yields go
-/// to `tx`; failures count in the device's `rejected` and are logged as its
-/// `REJECTED_WHAT` ("connection attempt rejected").
+/// Accepts TCP connections for ever. Each one the device's gate lets in
+/// gets a task: the peer proves the cluster secret within
+/// `config.auth_timeout` of being accepted, then `device`'s
+/// [`Accept::accept_one`] finishes it. Connections it yields go to `tx`;
+/// failures count in the device's `rejected` and are logged as its
+/// `REJECTED_WHAT` ("connection attempt rejected"): those before the proof
+/// at most once per [`UNPROVEN_LOG_PERIOD`] with a count of the rest.
 async fn accept_loop<D: Accept>(
     listener: TcpListener,
     tx: mpsc::Sender<D::Connection>,
@@ -196,9 +215,9 @@ async fn accept_loop<D: Accept>(
     config: ConnConfig,
     policy: AcceptPolicy,
 ) {
-    let handshakes = Arc::new(Semaphore::new(MAX_CONCURRENT_HANDSHAKES));
+    let quiet = Arc::new(Quiet::new(UNPROVEN_LOG_PERIOD));
     loop {
-        let (stream, peer) = match listener.accept().await {
+        let (mut stream, peer) = match listener.accept().await {
             Ok(x) => x,
             Err(error) => {
                 // EMFILE and friends: back off instead of spinning.
@@ -207,29 +226,61 @@ async fn accept_loop<D: Accept>(
                 continue;
             }
         };
-        let Ok(permit) = handshakes.clone().acquire_owned().await else {
-            return;
+        let unproven = match device.gate().enter(peer.ip()) {
+            Ok(unproven) => unproven,
+            Err(refusal) => {
+                // Closed at once: the loop never waits on a stranger.
+                drop(stream);
+                device.rejected().fetch_add(1, Ordering::Relaxed);
+                if let Some(held) = quiet.admit(std::time::Instant::now()) {
+                    tracing::warn!(%peer, %refusal, held_back = held, "{}: closed at once", D::REJECTED_WHAT);
+                }
+                continue;
+            }
         };
         let peer = peer.to_string();
-        let (tx, device) = (tx.clone(), device.clone());
+        let (tx, device, quiet) = (tx.clone(), device.clone(), quiet.clone());
         let (config, policy) = (config.clone(), policy.clone());
         tokio::spawn(async move {
-            let _permit = permit;
-            let attempt = async {
-                if !first_byte(&stream, &peer, config.handshake_timeout).await? {
+            let proof = tokio::time::timeout(config.auth_timeout, async {
+                if !first_byte(&stream, &peer).await? {
                     return Ok(None);
                 }
                 no_delay(&stream)?;
-                device
-                    .accept_one(stream, &peer, &config, &policy)
+                handshake::server(&mut stream, &peer, device.local(), config.auth_timeout)
                     .await
                     .map(Some)
+            });
+            let proven = proof.await.unwrap_or_else(|_| {
+                Err(TransportError::Timeout {
+                    what: format!("{peer} proving the cluster secret"),
+                    after_ms: config.auth_timeout.as_millis() as u64,
+                })
+            });
+            let accepted = match proven {
+                Ok(Some(accepted)) => accepted,
+                Ok(None) => {
+                    tracing::debug!(%peer, "probed (closed before its first byte)");
+                    return;
+                }
+                Err(error) => {
+                    device.rejected().fetch_add(1, Ordering::Relaxed);
+                    if let Some(held) = quiet.admit(std::time::Instant::now()) {
+                        tracing::warn!(%peer, %error, held_back = held, "{}", D::REJECTED_WHAT);
+                    }
+                    return;
+                }
             };
-            match attempt.await {
-                Ok(Some(conn)) => {
+            // A member: its place among the unproven is given back, and its
+            // source is let in past the total cap from now on.
+            unproven.proven();
+            match device
+                .accept_one(stream, &peer, accepted, &config, &policy)
+                .await
+            {
+                Ok(conn) => {
                     let _ = tx.send(conn).await;
                 }
-                Ok(None) => tracing::debug!(%peer, "probed (closed before its first byte)"),
                 Err(error) => {
                     device.rejected().fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(%peer, %error, "{}", D::REJECTED_WHAT);

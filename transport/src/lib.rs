@@ -31,6 +31,7 @@ mod api;
 mod bootstrap;
 mod entropy;
 pub mod error;
+mod gate;
 pub mod handshake;
 pub mod inproc;
 mod limits;

@@ -18,6 +18,8 @@ use tokio::net::TcpStream;
 use crate::api::AcceptPolicy;
 use crate::bootstrap;
 use crate::error::Result;
+use crate::gate::Gate;
+use crate::handshake;
 use crate::limits::ConnSlot;
 use crate::soft::conn::{Frame, Inbound, Incoming, MAX_FRAME_BYTES, WireOut, wire_read_by};
 use crate::soft::{SoftConnection, SoftDevice};
@@ -43,15 +45,24 @@ impl bootstrap::Accept for SoftDevice {
         &self.rejected
     }
 
+    fn gate(&self) -> &Arc<Gate> {
+        &self.gate
+    }
+
+    fn local(&self) -> handshake::Local<'_> {
+        self.handshake_side()
+    }
+
     async fn accept_one(
         &self,
         mut stream: TcpStream,
         peer: &str,
+        accepted: handshake::Accepted,
         config: &ConnConfig,
         policy: &AcceptPolicy,
     ) -> Result<SoftConnection> {
         let (info, endpoint, slot) = self
-            .server_handshake(&mut stream, peer, config, policy)
+            .admit_and_answer(&mut stream, peer, accepted, config, policy)
             .await?;
         Ok(start(
             self,
@@ -76,6 +87,11 @@ pub(crate) async fn connect(
     let (info, endpoint) = device
         .client_handshake(&mut stream, addr, &config, app_data)
         .await?;
+    // The server proved the secret: its address is a member's, let in
+    // past the cap on strangers when it connects to us.
+    if let Ok(server) = stream.peer_addr() {
+        device.gate.learn(server.ip());
+    }
     Ok(start(
         &device,
         stream,

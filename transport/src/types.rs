@@ -145,6 +145,12 @@ pub struct ConnConfig {
     pub busy_poll: bool,
     /// Time allowed for the bootstrap handshake.
     pub handshake_timeout: Duration,
+    /// Time a peer that connected to one of our listeners has to prove the
+    /// cluster secret, from the moment it was accepted (the rest of the
+    /// handshake then has `handshake_timeout`). Short: a member proves it
+    /// in two round trips, and an unproven connection holds a place in the
+    /// device's [`DeviceLimits::max_unauthenticated`].
+    pub auth_timeout: Duration,
 }
 
 impl Default for ConnConfig {
@@ -161,6 +167,7 @@ impl Default for ConnConfig {
             max_transfer_bytes: 16 << 20,
             busy_poll: false,
             handshake_timeout: Duration::from_secs(5),
+            auth_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -216,6 +223,12 @@ impl ConnConfig {
                 self.max_transfer_bytes
             ));
         }
+        if self.auth_timeout.is_zero() || self.handshake_timeout.is_zero() {
+            return Err(format!(
+                "auth_timeout {:?} and handshake_timeout {:?} must be above zero",
+                self.auth_timeout, self.handshake_timeout
+            ));
+        }
         Ok(())
     }
 
@@ -242,6 +255,14 @@ pub struct DeviceLimits {
     pub max_regions: u32,
     /// Largest number of live connections.
     pub max_connections: u32,
+    /// Connections whose peer has not yet proven the cluster secret, at
+    /// most, from sources that never proved it (members' sources are not
+    /// counted here); more are closed at once.
+    pub max_unauthenticated: u32,
+    /// Connections whose peer has not yet proven the cluster secret, at
+    /// most, from one source address (members' too); more are closed at
+    /// once.
+    pub max_unauthenticated_per_source: u32,
 }
 
 impl Default for DeviceLimits {
@@ -250,6 +271,8 @@ impl Default for DeviceLimits {
             max_registered_bytes: 64 << 30,
             max_regions: 4096,
             max_connections: 1024,
+            max_unauthenticated: 256,
+            max_unauthenticated_per_source: 32,
         }
     }
 }

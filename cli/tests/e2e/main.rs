@@ -9,4 +9,5 @@ mod bad_input;
 mod faults;
 mod harness;
 mod log;
+mod slowloris;
 mod tools;

@@ -335,6 +335,11 @@ async fn listen(
         incarnation: storage.incarnation,
     };
     let hello_bytes = encode(&hello).map_err(NodeError::Config)?;
+    // The peers' hosts are members' sources from the start: their
+    // reconnects get past a flood of strangers on our port.
+    if device.backend() != ringraft_transport::Backend::Inproc {
+        device.member_sources(peer_hosts(config).await);
+    }
     device
         .listen(
             &config.listen,
@@ -344,6 +349,33 @@ async fn listen(
         .await
         .map_err(|e| NodeError::Fabric(format!("listen on {}: {e}", config.listen)))
 }
+
+/// The addresses of the configured peers' hosts (other than this node),
+/// as far as they resolve within [`PEER_LOOKUP`]; one that does not is
+/// left to be learnt when it proves the secret.
+async fn peer_hosts(config: &NodeConfig) -> Vec<std::net::IpAddr> {
+    let mut hosts = Vec::new();
+    for (id, addr) in &config.peers {
+        if *id == config.id {
+            continue;
+        }
+        if let Ok(literal) = addr.parse::<std::net::SocketAddr>() {
+            hosts.push(literal.ip());
+            continue;
+        }
+        match tokio::time::timeout(PEER_LOOKUP, tokio::net::lookup_host(addr.as_str())).await {
+            Ok(Ok(found)) => hosts.extend(found.map(|a| a.ip())),
+            Ok(Err(error)) => {
+                tracing::debug!(peer = id, %addr, %error, "peer address does not resolve")
+            }
+            Err(_) => tracing::debug!(peer = id, %addr, "peer address lookup timed out"),
+        }
+    }
+    hosts
+}
+
+/// How long a peer's host name may take to resolve at start.
+const PEER_LOOKUP: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// openraft's configuration for this node, validated.
 fn raft_config(config: &NodeConfig) -> Result<openraft::Config, NodeError> {

@@ -21,10 +21,10 @@
 //! yields, too (the server waits for READY), so either side may post at
 //! once. The stream then stays open as the connection's close channel (see
 //! [`super::conn`]). Failed or unauthenticated attempts count in
-//! `rejected` and never end the listener; handshakes run at most
-//! [`crate::bootstrap::MAX_CONCURRENT_HANDSHAKES`] at once (the accept
-//! loop, listening and dialling are [`crate::bootstrap`]'s, shared with
-//! the `tcp` backend).
+//! `rejected` and never end the listener; the peer proves the secret
+//! within `auth_timeout` of being accepted, and the device's gate caps the
+//! connections that have not yet (the accept loop, the gate, listening and
+//! dialling are [`crate::bootstrap`]'s, shared with the `tcp` backend).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -38,6 +38,7 @@ use super::endpoint::QpEndpoint;
 use crate::api::AcceptPolicy;
 use crate::bootstrap;
 use crate::error::{Result, TransportError};
+use crate::gate::Gate;
 use crate::handshake::{self, Reveal};
 use crate::types::{Backend, ConnConfig};
 
@@ -60,27 +61,29 @@ impl bootstrap::Accept for RdmaDevice {
         &self.rejected
     }
 
+    fn gate(&self) -> &Arc<Gate> {
+        &self.gate
+    }
+
+    fn local(&self) -> handshake::Local<'_> {
+        handshake::Local {
+            secret: &self.config.secret,
+            backend: Backend::Rdma,
+            node_id: self.config.node_id,
+            // A real device: an unpredictable nonce.
+            nonce: handshake::fresh_nonce(),
+        }
+    }
+
     async fn accept_one(
         &self,
         mut stream: TcpStream,
         peer: &str,
+        accepted: handshake::Accepted,
         config: &ConnConfig,
         policy: &AcceptPolicy,
     ) -> Result<RdmaConnection> {
         let local_ip = stream.local_addr().ok().map(|a| a.ip());
-        let accepted = handshake::server(
-            &mut stream,
-            peer,
-            handshake::Local {
-                secret: &self.config.secret,
-                backend: Backend::Rdma,
-                node_id: self.config.node_id,
-                // A real device: an unpredictable nonce.
-                nonce: handshake::fresh_nonce(),
-            },
-            config.handshake_timeout,
-        )
-        .await?;
         let (theirs, slot, app_data) = accepted
             .admit(
                 &mut stream,
@@ -172,6 +175,11 @@ pub(crate) async fn connect(
         },
     )
     .await?;
+    // The server proved the secret: its address is a member's, let in
+    // past the cap on strangers when it connects to us.
+    if let Ok(server) = stream.peer_addr() {
+        device.gate.learn(server.ip());
+    }
     let theirs = QpEndpoint::decode(&info.reveal.endpoint, addr)?;
     resources.bring_up(&theirs, &config)?;
     stream

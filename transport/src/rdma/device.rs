@@ -43,6 +43,8 @@ pub struct RdmaDevice {
     /// Failed connection attempts on any listener of this device (as the
     /// tcp backend counts them).
     pub(crate) rejected: Arc<AtomicU64>,
+    /// Its listeners' caps on unproven connections, and its member sources.
+    pub(crate) gate: Arc<crate::gate::Gate>,
 }
 
 impl std::fmt::Debug for RdmaDevice {
@@ -138,6 +140,7 @@ impl RdmaDevice {
             budget: Arc::new(Mutex::new(RegistrationBudget::default())),
             live_connections: Arc::new(AtomicU32::new(0)),
             rejected: Arc::new(AtomicU64::new(0)),
+            gate: crate::gate::Gate::new(&config.limits),
         })
     }
 

@@ -40,6 +40,9 @@ pub(crate) struct SoftDevice {
     pub(crate) atomic: AtomicCapability,
     pub(crate) live_connections: Arc<AtomicU32>,
     pub(crate) rejected: Arc<AtomicU64>,
+    /// Its listeners' caps on unproven connections, and its member sources
+    /// (the `tcp` flavour's; the in-process fabric has no sockets).
+    pub(crate) gate: Arc<crate::gate::Gate>,
     /// Where its rkeys and handshake nonces come from (see
     /// [`crate::entropy`]).
     pub(crate) entropy: Arc<Entropy>,
@@ -72,6 +75,7 @@ impl SoftDevice {
         }
         SoftDevice {
             nic: Arc::new(nic),
+            gate: crate::gate::Gate::new(&config.limits),
             config,
             flavor,
             atomic,
@@ -82,7 +86,7 @@ impl SoftDevice {
     }
 
     /// This device's side of a handshake, with a fresh nonce.
-    fn handshake_side(&self) -> handshake::Local<'_> {
+    pub(crate) fn handshake_side(&self) -> handshake::Local<'_> {
         handshake::Local {
             secret: &self.config.secret,
             backend: self.backend(),
@@ -204,6 +208,20 @@ impl SoftDevice {
             config.handshake_timeout,
         )
         .await?;
+        self.admit_and_answer(stream, addr, accepted, config, policy)
+            .await
+    }
+
+    /// The server side once the client has proven the secret: the checks
+    /// of [`handshake::Accepted::admit`], then this device's answer.
+    pub(crate) async fn admit_and_answer<S: AsyncWrite + Unpin>(
+        &self,
+        stream: &mut S,
+        addr: &str,
+        accepted: handshake::Accepted,
+        config: &ConnConfig,
+        policy: &AcceptPolicy,
+    ) -> Result<(PeerInfo, SoftEndpoint, ConnSlot)> {
         let (endpoint, slot, app_data) = accepted
             .admit(
                 stream,

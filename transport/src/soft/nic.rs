@@ -393,6 +393,7 @@ mod tests {
                 max_registered_bytes: 100,
                 max_regions: 2,
                 max_connections: 1,
+                ..DeviceLimits::default()
             },
             Arc::new(Entropy::os()),
         );
