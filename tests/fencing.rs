@@ -611,3 +611,55 @@ async fn a_batch_on_a_connection_whose_grant_was_superseded_is_refused() {
     assert_eq!(log_of(node.log_store(), 0..=2), expected("b", 0..=2));
     node.shutdown().await;
 }
+
+/// Issue 15, item 2: a member past a limit, or claiming another node's
+/// vote, is answered with the reason and its connection closed; node 2
+/// stays up and takes the next connection.
+#[tokio::test(flavor = "current_thread")]
+async fn a_peer_past_a_limit_or_claiming_another_vote_is_closed_and_the_node_stays_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let fabric = inproc::Fabric::new(1);
+    let node = start_node(&fabric, dir.path(), Hooks::new()).await;
+    let peer = Scripted::new(&fabric, 1);
+    let snapshot = |vote: Vote, total: u64| Request::Snapshot {
+        vote,
+        meta: ringraft::types::SnapshotMeta {
+            last_log_id: None,
+            last_membership: Default::default(),
+        },
+        offset: 0,
+        total,
+        data: vec![0; 16],
+    };
+    let above = ringraft::state_machine::MAX_SNAPSHOT_BYTES + 1;
+    let cases = [
+        (snapshot(peer.vote(1), above), "above the limit"),
+        (
+            snapshot(Vote::new_committed(1, 3), 64),
+            "sent a vote for node 3",
+        ),
+        (
+            Request::Vote(VoteRequest::new(Vote::new(1, 3), None)),
+            "sent a vote for node 3",
+        ),
+    ];
+    for (request, why) in cases {
+        let link = peer.connect().await;
+        match link.call(&request).await {
+            Reply::Error(reason) => assert!(reason.contains(why), "{reason}"),
+            other => panic!("taken ({why}): {other:?}"),
+        }
+        // Closed by node 2: the next receive fails.
+        let next = tokio::time::timeout(T, link.conn.recv())
+            .await
+            .expect("closed in time");
+        assert!(next.is_err(), "the connection stays open: {next:?}");
+    }
+    // Node 2 is up and takes the peer's own vote on a new connection.
+    let link = peer.connect().await;
+    let vote = link
+        .call(&Request::Vote(VoteRequest::new(Vote::new(1, 1), None)))
+        .await;
+    assert!(matches!(vote, Reply::Voted(_)), "{vote:?}");
+    node.shutdown().await;
+}

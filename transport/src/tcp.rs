@@ -1,7 +1,10 @@
 //! The `tcp` backend: the software RNIC's frames over a TCP stream.
 //!
 //! After the handshake the stream carries length-prefixed frames (u32 LE
-//! length, then bincode of a frame, at most ~1 GiB). A reader task decodes
+//! length, then bincode of a frame, at most the connection's
+//! [`ConnConfig::max_frame_bytes`]: its largest transfer or message plus
+//! headers). A frame's buffer grows with the bytes that arrive, not with
+//! the length a peer declares. A reader task decodes
 //! frames through a buffer and hands each to the queue pair's `Inbound`
 //! itself (which executes most requests there and then); a writer task
 //! encodes the queue pair's outgoing frames into one buffer, so that what
@@ -12,7 +15,7 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use crate::api::AcceptPolicy;
@@ -114,14 +117,20 @@ fn start(
 ) -> SoftConnection {
     let (read_half, write_half) = stream.into_split();
     let peer = addr.clone();
+    let max_frame_bytes = config.max_frame_bytes();
     let (wire, out) = wire_read_by(Incoming::Reader(Box::new(move |inbound| {
-        tokio::spawn(read_frames(read_half, inbound, peer));
+        tokio::spawn(read_frames(read_half, inbound, peer, max_frame_bytes));
     })));
     tokio::spawn(write_frames(write_half, out));
     device.start(addr, config, info, endpoint, wire, slot)
 }
 
-async fn read_frames(stream: tokio::net::tcp::OwnedReadHalf, mut inbound: Inbound, peer: String) {
+async fn read_frames(
+    stream: tokio::net::tcp::OwnedReadHalf,
+    mut inbound: Inbound,
+    peer: String,
+    max_frame_bytes: usize,
+) {
     // Buffered: a frame's length and body, and the small frames queued
     // behind it, come in one read(2) instead of two per frame.
     let mut stream = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
@@ -135,24 +144,56 @@ async fn read_frames(stream: tokio::net::tcp::OwnedReadHalf, mut inbound: Inboun
             break format!("read from {peer}: {e}");
         }
         let len = u32::from_le_bytes(len) as usize;
-        if len > MAX_FRAME_BYTES {
-            break format!("frame of {len} bytes from {peer} is above the limit");
+        if len > max_frame_bytes {
+            tracing::warn!(%peer, len, max_frame_bytes, "frame above the limit: closing the connection");
+            break format!(
+                "frame of {len} bytes from {peer} is above the limit of {max_frame_bytes}"
+            );
         }
-        let mut body = vec![0u8; len];
-        if let Err(e) = stream.read_exact(&mut body).await {
-            break format!("read from {peer}: {e}");
-        }
+        let body = match read_body(&mut stream, len).await {
+            Ok(body) => body,
+            Err(e) => break format!("read from {peer}: {e}"),
+        };
         match bincode::serde::decode_from_slice::<Frame, _>(&body, codec()) {
             Ok((frame, used)) if used == len => {
                 if !inbound.frame(frame) {
                     return;
                 }
             }
-            Ok(_) => break format!("trailing bytes in a frame from {peer}"),
-            Err(e) => break format!("malformed frame from {peer}: {e}"),
+            Ok(_) => {
+                tracing::warn!(%peer, "trailing bytes in a frame: closing the connection");
+                break format!("trailing bytes in a frame from {peer}");
+            }
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "malformed frame: closing the connection");
+                break format!("malformed frame from {peer}: {e}");
+            }
         }
     };
     inbound.ended(reason);
+}
+
+/// A frame's body of `len` bytes: at once when the buffer holds it, else
+/// in a buffer that grows as the bytes arrive (a peer that declares a
+/// large frame and sends nothing costs nothing).
+async fn read_body<R: tokio::io::AsyncBufRead + Unpin>(
+    stream: &mut R,
+    len: usize,
+) -> std::io::Result<Vec<u8>> {
+    if len <= stream.fill_buf().await?.len() {
+        let mut body = vec![0u8; len];
+        stream.read_exact(&mut body).await?;
+        return Ok(body);
+    }
+    let mut body = Vec::with_capacity(len.min(READ_BUFFER_BYTES));
+    (&mut *stream)
+        .take(len as u64)
+        .read_to_end(&mut body)
+        .await?;
+    if body.len() < len {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(body)
 }
 
 /// Whether `buffered` starts with a whole frame (length and body).

@@ -138,8 +138,15 @@ pub struct ConnConfig {
     pub auto_repost: bool,
     /// Largest SEND, in bytes.
     pub max_message_bytes: u32,
-    /// Largest single WRITE or READ, in bytes.
+    /// Largest single WRITE or READ, in bytes. A peer's WRITE or READ
+    /// above ours is refused (remote invalid request) and the connection
+    /// closed; so is a frame above it plus headers (`tcp`).
     pub max_transfer_bytes: u32,
+    /// Bytes of the peer's requests (WRITE and SEND data) that may wait
+    /// for the software RNIC's responder at once (behind a SEND with no
+    /// posted receive, say); a peer that sends more is flooding, and the
+    /// connection is closed (`tcp`, `inproc`).
+    pub max_backlog_bytes: u64,
     /// Busy-poll the completion queue instead of waiting on the completion
     /// channel (rdma backend; lower latency, one core spinning).
     pub busy_poll: bool,
@@ -165,6 +172,7 @@ impl Default for ConnConfig {
             auto_repost: true,
             max_message_bytes: 64 << 10,
             max_transfer_bytes: 16 << 20,
+            max_backlog_bytes: 256 << 20,
             busy_poll: false,
             handshake_timeout: Duration::from_secs(5),
             auth_timeout: Duration::from_secs(2),
@@ -223,6 +231,13 @@ impl ConnConfig {
                 self.max_transfer_bytes
             ));
         }
+        let largest_request = u64::from(self.max_transfer_bytes.max(self.max_message_bytes));
+        if self.max_backlog_bytes < largest_request {
+            return Err(format!(
+                "max_backlog_bytes {} is below the largest request ({largest_request} bytes)",
+                self.max_backlog_bytes
+            ));
+        }
         if self.auth_timeout.is_zero() || self.handshake_timeout.is_zero() {
             return Err(format!(
                 "auth_timeout {:?} and handshake_timeout {:?} must be above zero",
@@ -230,6 +245,12 @@ impl ConnConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The largest frame the software RNIC takes from a peer on this
+    /// connection: the largest WRITE, READ answer or SEND, plus headers.
+    pub fn max_frame_bytes(&self) -> usize {
+        self.max_transfer_bytes.max(self.max_message_bytes) as usize + FRAME_HEADER_BYTES
     }
 
     /// How long the transport retries before reporting `RetryExceeded`:
@@ -245,6 +266,9 @@ impl ConnConfig {
         self.retry_window() + self.rnr_delay * (self.rnr_retry as u32 + 1) + Duration::from_secs(1)
     }
 }
+
+/// Room for a software RNIC frame's own fields next to its data.
+const FRAME_HEADER_BYTES: usize = 4096;
 
 /// Limits of a device.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -61,8 +61,15 @@ pub struct NodeConfig {
     pub durability: Durability,
     /// Ring data area capacity, bytes (power of two, >= 1 MiB).
     pub ring_capacity: u64,
-    /// Largest record payload, bytes.
+    /// Largest record payload, bytes. It also bounds what a follower
+    /// buffers of a two-sided entry batch: 256 entries of this size (see
+    /// [`NodeConfig::inline_batch_limit`]).
     pub max_record_bytes: u64,
+    /// Largest snapshot this node takes from a leader, bytes (at most
+    /// [`crate::state_machine::MAX_SNAPSHOT_BYTES`], 4 GiB, the default):
+    /// what a follower buffers of one snapshot transfer. A larger snapshot
+    /// is refused and its connection closed.
+    pub max_snapshot_bytes: u64,
     /// Lock the ring in memory.
     pub lock_memory: bool,
     /// Election timeout range, milliseconds.
@@ -116,12 +123,26 @@ pub struct NodeConfig {
     pub fast_failover: bool,
 }
 
+/// Entries in one AppendEntries (openraft's `max_payload_entries`).
+pub const MAX_BATCH_ENTRIES: u64 = 256;
+/// Room for an entry's log id and encoding next to its payload.
+const ENTRY_FRAMING_BYTES: u64 = 64;
+
 impl NodeConfig {
     /// How long a proposal waits for a leader to become writable, or for
     /// a leader to be known: three of the largest election timeouts (a
     /// lease and an election fit).
     pub(crate) fn lease_patience(&self) -> Duration {
         Duration::from_millis(self.election_timeout_ms.1.saturating_mul(3))
+    }
+
+    /// The most a follower buffers of one two-sided entry batch: a batch
+    /// holds at most 256 entries (openraft's `max_payload_entries`) of at most
+    /// `max_record_bytes` each (with their log ids and framing), and never
+    /// more than [`crate::protocol::MAX_INLINE_BATCH_BYTES`].
+    pub fn inline_batch_limit(&self) -> u64 {
+        (MAX_BATCH_ENTRIES * (self.max_record_bytes + ENTRY_FRAMING_BYTES))
+            .min(crate::protocol::MAX_INLINE_BATCH_BYTES)
     }
 
     /// A configuration with defaults: memory durability, 64 MiB ring in
@@ -137,6 +158,7 @@ impl NodeConfig {
             durability: Durability::Memory,
             ring_capacity: 64 << 20,
             max_record_bytes: 1 << 20,
+            max_snapshot_bytes: crate::state_machine::MAX_SNAPSHOT_BYTES,
             lock_memory: true,
             election_timeout_ms: (150, 300),
             heartbeat_ms: 50,

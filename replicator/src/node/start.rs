@@ -26,6 +26,7 @@ use crate::log_store::LogStore;
 use crate::metrics::Metrics;
 use crate::network::{NetCtx, NetworkFactory};
 use crate::protocol::{Hello, encode};
+use crate::replication::acceptor::AcceptorLimits;
 use crate::rt::{self, Seeds};
 use crate::server::{self, ServerCtx};
 use crate::state_machine::{SmStore, StateMachine};
@@ -139,6 +140,10 @@ impl NodeBuilder {
             next_connection: std::sync::atomic::AtomicU64::new(1),
             failover,
             metrics: metrics.clone(),
+            limits: AcceptorLimits {
+                inline_batch_bytes: config.inline_batch_limit(),
+                snapshot_bytes: config.max_snapshot_bytes,
+            },
         };
         let mut tasks = spawn_tasks(listener, server_ctx, &raft, &storage, &seeds);
         if config.fast_failover {
@@ -222,6 +227,13 @@ fn check_config(config: &NodeConfig) -> Result<(), NodeError> {
             "admission_wait_ms {} must be below the forwarding timeout, 10 x the largest \
              election timeout ({forward_timeout_ms} ms)",
             config.admission_wait_ms
+        )));
+    }
+    let max_snapshot = crate::state_machine::MAX_SNAPSHOT_BYTES;
+    if config.max_snapshot_bytes == 0 || config.max_snapshot_bytes > max_snapshot {
+        return Err(NodeError::Config(format!(
+            "max_snapshot_bytes {} is not in 1..={max_snapshot}",
+            config.max_snapshot_bytes
         )));
     }
     Ok(())
@@ -386,7 +398,7 @@ fn raft_config(config: &NodeConfig) -> Result<openraft::Config, NodeError> {
         heartbeat_interval: config.heartbeat_ms,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
         max_in_snapshot_log_to_keep: config.keep_after_snapshot,
-        max_payload_entries: 256,
+        max_payload_entries: super::config::MAX_BATCH_ENTRIES,
         // A follower's log can legitimately revert: a torn tail after a
         // crash, a damaged ring truncated at recovery (DESIGN.md,
         // recovery). Safety is kept by the voting rule for logs corrupt

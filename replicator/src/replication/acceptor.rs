@@ -2,14 +2,20 @@
 //! which requests of which peer it takes, and what each one asks of the
 //! node. What it owns:
 //! - the checks a request must pass before anything is done with it: the
-//!   vote of an AppendEntries names the peer that sent it; records written
+//!   vote of an AppendEntries, a snapshot part, a (pre-)vote request or a
+//!   leader transfer names the peer that sent it (a peer that claims
+//!   another node's vote is closed); a snapshot part is taken only under a
+//!   vote no older than this node's; records written
 //!   one-sided are taken only from the holder of this node's fence
 //!   (DESIGN.md: adoption needs the writer's epoch equal to the fence); a
 //!   grant goes only to the fence holder, and never to a leader the node's
 //!   vote has superseded ([`refuse_grant`]); a node whose log is corrupt
 //!   inside grants no vote and takes no leadership;
 //! - putting split payloads together (two-sided entry batches, snapshots),
-//!   in order and under their limits.
+//!   in order and under their limits ([`AcceptorLimits`]): a two-sided
+//!   batch is buffered only from the holder of this node's fence, a
+//!   snapshot only from the leader of a vote no older than this node's;
+//!   a peer past a limit is closed ([`Step::Close`]).
 //!
 //! It must never touch the ring, openraft or the connection: it returns a
 //! [`Step`] and the glue (`server.rs`) performs it, reading the node's
@@ -20,11 +26,30 @@
 use openraft::raft::{TransferLeaderRequest, VoteRequest};
 use ringraft_wal::{AdoptRequest, Epoch, LogPos, VoteRecord};
 
-use crate::protocol::{AppendBody, MAX_INLINE_BATCH_BYTES, Reply, Request, decode_entries};
+use crate::protocol::{AppendBody, Reply, Request, decode_entries};
 use crate::types::{Command, Entry, LogId, SnapshotMeta, TypeConfig, Vote, term_of};
 
 /// Largest snapshot a follower takes, in bytes.
 pub use crate::state_machine::MAX_SNAPSHOT_BYTES;
+
+/// What one connection's acceptor buffers of a split payload, at most.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AcceptorLimits {
+    /// The bytes of one two-sided entry batch
+    /// ([`crate::NodeConfig::inline_batch_limit`]).
+    pub inline_batch_bytes: u64,
+    /// The bytes of one snapshot ([`crate::NodeConfig::max_snapshot_bytes`]).
+    pub snapshot_bytes: u64,
+}
+
+impl Default for AcceptorLimits {
+    fn default() -> Self {
+        AcceptorLimits {
+            inline_batch_bytes: crate::protocol::MAX_INLINE_BATCH_BYTES,
+            snapshot_bytes: MAX_SNAPSHOT_BYTES,
+        }
+    }
+}
 
 /// What the acceptor needs to know of its node for one request.
 #[derive(Clone, Copy, Debug)]
@@ -56,6 +81,9 @@ pub struct AppendMeta {
 pub enum Step {
     /// Answer this, nothing else.
     Reply(Reply),
+    /// The peer went past a limit or claimed another node's vote: answer
+    /// [`Reply::Error`] with the reason, log it, and close the connection.
+    Close(String),
     /// Grant write access to the holder of `epoch` (which the node checks
     /// again with [`refuse_grant`] around the rkey rotation), answering
     /// [`Reply::Granted`] or [`Reply::NotFenced`].
@@ -112,6 +140,7 @@ pub enum Step {
 #[derive(Debug)]
 pub struct Acceptor {
     peer: u64,
+    limits: AcceptorLimits,
     inline: Vec<u8>,
     inline_parts: u32,
     snapshot: Vec<u8>,
@@ -120,10 +149,11 @@ pub struct Acceptor {
 
 impl Acceptor {
     /// The acceptor of a connection from node `peer` (authenticated by the
-    /// handshake).
-    pub fn new(peer: u64) -> Acceptor {
+    /// handshake), buffering at most `limits`.
+    pub fn new(peer: u64, limits: AcceptorLimits) -> Acceptor {
         Acceptor {
             peer,
+            limits,
             inline: Vec::new(),
             inline_parts: 0,
             snapshot: Vec::new(),
@@ -173,11 +203,8 @@ impl Acceptor {
                 epoch,
                 body,
             } => {
-                if vote.leader_id.voted_for != self.peer {
-                    return Step::Reply(Reply::Error(format!(
-                        "node {} sent a vote for node {}",
-                        self.peer, vote.leader_id.voted_for
-                    )));
+                if let Some(close) = self.not_the_peers(&vote) {
+                    return close;
                 }
                 let meta = AppendMeta {
                     vote,
@@ -185,6 +212,11 @@ impl Acceptor {
                     leader_commit,
                 };
                 self.on_append(meta, epoch, body, node)
+            }
+            Request::Vote(request) | Request::PreVote(request)
+                if self.not_the_peers(&request.vote).is_some() =>
+            {
+                self.not_the_peers(&request.vote).expect("checked")
             }
             Request::Vote(request) | Request::PreVote(request) if node.votes_blocked => {
                 Step::RefuseVote(request)
@@ -200,10 +232,18 @@ impl Acceptor {
                 offset,
                 total,
                 data,
-            } => self.on_snapshot_part(vote, meta, offset, total, data),
+            } => match self.not_the_peers(&vote) {
+                Some(close) => close,
+                None => self.on_snapshot_part(vote, meta, offset, total, data, node),
+            },
             // openraft's election by leadership transfer ignores
             // `enable_elect`: the no-vote rule of a log corrupt inside is
             // enforced here.
+            Request::TransferLeader(request)
+                if self.not_the_peers(request.from_leader()).is_some() =>
+            {
+                self.not_the_peers(request.from_leader()).expect("checked")
+            }
             Request::TransferLeader(request)
                 if *request.to_node_id() == node.node_id && node.votes_blocked =>
             {
@@ -225,6 +265,17 @@ impl Acceptor {
             Request::Propose(commands) => Step::Propose(commands),
             Request::ReadIndex { lease } => Step::ReadIndex { lease },
         }
+    }
+
+    /// [`Step::Close`] when `vote` is not the peer's own (a vote for, or of,
+    /// another node): a member claiming to be another.
+    fn not_the_peers(&self, vote: &Vote) -> Option<Step> {
+        (vote.leader_id.voted_for != self.peer).then(|| {
+            Step::Close(format!(
+                "node {} sent a vote for node {}",
+                self.peer, vote.leader_id.voted_for
+            ))
+        })
     }
 
     /// True when `epoch` is the ring's fence and belongs to the peer.
@@ -264,16 +315,20 @@ impl Acceptor {
                     }),
                 },
             },
+            // Nothing of a two-sided batch is buffered, let alone decoded,
+            // but from the fence holder.
+            AppendBody::Inline { .. } if !self.fenced_by_peer(node, epoch) => {
+                self.inline.clear();
+                self.inline_parts = 0;
+                Step::Reply(Reply::NotFenced { fence: node.fence })
+            }
             AppendBody::Inline { part, parts, bytes } => {
-                let entries = match self.on_inline_part(part, parts, bytes) {
-                    Ok(Some(entries)) => entries,
-                    Ok(None) => return Step::Reply(Reply::PartStored),
-                    Err(message) => return Step::Reply(Reply::Error(message)),
-                };
-                if !entries.is_empty() && !self.fenced_by_peer(node, epoch) {
-                    return Step::Reply(Reply::NotFenced { fence: node.fence });
+                match self.on_inline_part(part, parts, bytes) {
+                    Ok(Some(entries)) => Step::Append { meta, entries },
+                    Ok(None) => Step::Reply(Reply::PartStored),
+                    Err(InlineError::Order(message)) => Step::Reply(Reply::Error(message)),
+                    Err(InlineError::Limit(message)) => Step::Close(message),
                 }
-                Step::Append { meta, entries }
             }
         }
     }
@@ -285,18 +340,25 @@ impl Acceptor {
         part: u32,
         parts: u32,
         bytes: Vec<u8>,
-    ) -> Result<Option<Vec<Entry>>, String> {
+    ) -> Result<Option<Vec<Entry>>, InlineError> {
         if part == 0 {
             self.inline.clear();
             self.inline_parts = 0;
         }
         if part != self.inline_parts || parts == 0 || part >= parts {
             self.inline.clear();
-            return Err(format!("inline part {part} of {parts} out of order"));
+            return Err(InlineError::Order(format!(
+                "inline part {part} of {parts} out of order"
+            )));
         }
-        if self.inline.len() as u64 + bytes.len() as u64 > MAX_INLINE_BATCH_BYTES {
-            self.inline.clear();
-            return Err("inline entry batch too large".into());
+        let limit = self.limits.inline_batch_bytes;
+        if self.inline.len() as u64 + bytes.len() as u64 > limit {
+            let at = self.inline.len() as u64 + bytes.len() as u64;
+            self.inline = Vec::new();
+            self.inline_parts = 0;
+            return Err(InlineError::Limit(format!(
+                "a two-sided entry batch of {at} bytes or more is above the limit of {limit}"
+            )));
         }
         self.inline.extend_from_slice(&bytes);
         self.inline_parts += 1;
@@ -304,7 +366,7 @@ impl Acceptor {
             return Ok(None);
         }
         let bytes = std::mem::take(&mut self.inline);
-        decode_entries(&bytes).map(Some)
+        decode_entries(&bytes).map(Some).map_err(InlineError::Order)
     }
 
     fn on_snapshot_part(
@@ -314,10 +376,26 @@ impl Acceptor {
         offset: u64,
         total: u64,
         data: Vec<u8>,
+        node: &NodeView,
     ) -> Step {
-        if total > MAX_SNAPSHOT_BYTES {
+        if total > self.limits.snapshot_bytes {
+            self.snapshot = Vec::new();
+            self.snapshot_meta = None;
+            return Step::Close(format!(
+                "a snapshot of {total} bytes is above the limit of {}",
+                self.limits.snapshot_bytes
+            ));
+        }
+        // Only the leader of a vote no older than this node's fills a
+        // buffer (openraft checks the vote again when it installs).
+        if let Some(saved) = node.vote
+            && vote.leader_id.term < saved.term
+        {
+            self.snapshot = Vec::new();
+            self.snapshot_meta = None;
             return Step::Reply(Reply::Error(format!(
-                "snapshot of {total} bytes is above the limit"
+                "a snapshot under term {} is older than this node's vote (term {})",
+                vote.leader_id.term, saved.term
             )));
         }
         if offset == 0 {
@@ -348,6 +426,15 @@ impl Acceptor {
             },
         }
     }
+}
+
+/// Why a part of a two-sided batch was not taken.
+enum InlineError {
+    /// Out of order, or the entries do not decode: answered, the
+    /// connection stays.
+    Order(String),
+    /// Above the limit: the connection is closed.
+    Limit(String),
 }
 
 /// Why `epoch` may not be granted write access now: the fence found (or
@@ -384,4 +471,184 @@ pub fn refuse_grant(fence: Epoch, vote: Option<VoteRecord>, epoch: Epoch) -> Res
         .or_else(|| Epoch::new(vote.term, 0))
         .unwrap_or(fence);
     Err(voted.max(fence))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The acceptor's own rules on what it buffers and from whom (issue 15,
+    //! item 2). The pair tests (`tests/`) play whole exchanges.
+    use openraft::raft::{TransferLeaderRequest, VoteRequest};
+
+    use super::*;
+
+    const PEER: u64 = 1;
+    const ME: u64 = 2;
+
+    fn limits() -> AcceptorLimits {
+        AcceptorLimits {
+            inline_batch_bytes: 1000,
+            snapshot_bytes: 5000,
+        }
+    }
+
+    /// This node, its fence held by `fence_holder` in term 3, its vote in
+    /// `vote_term` for the peer.
+    fn node(fence_holder: u64, vote_term: u64) -> NodeView {
+        NodeView {
+            node_id: ME,
+            fence: Epoch::new(3, fence_holder).unwrap(),
+            vote: Some(VoteRecord {
+                term: vote_term,
+                voted_for: Some(PEER),
+                committed: true,
+            }),
+            votes_blocked: false,
+        }
+    }
+
+    fn inline(vote_for: u64, part: u32, parts: u32, len: usize) -> Request {
+        Request::Append {
+            vote: Vote::new_committed(3, vote_for),
+            prev_log_id: None,
+            leader_commit: None,
+            epoch: Epoch::new(3, PEER).unwrap(),
+            body: AppendBody::Inline {
+                part,
+                parts,
+                bytes: vec![0; len],
+            },
+        }
+    }
+
+    fn snapshot(vote: Vote, offset: u64, total: u64, len: usize) -> Request {
+        Request::Snapshot {
+            vote,
+            meta: SnapshotMeta {
+                last_log_id: None,
+                last_membership: Default::default(),
+            },
+            offset,
+            total,
+            data: vec![0; len],
+        }
+    }
+
+    fn closes(step: Step, why: &str) {
+        match step {
+            Step::Close(reason) => assert!(reason.contains(why), "{reason}"),
+            other => panic!("not closed ({why}): {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_two_sided_batch_is_buffered_only_from_the_fence_holder() {
+        let mut acceptor = Acceptor::new(PEER, limits());
+        // The fence is another node's: not even the first part is kept.
+        match acceptor.on_request(inline(PEER, 0, 2, 500), &node(3, 3)) {
+            Step::Reply(Reply::NotFenced { fence }) => assert_eq!(fence.leader_id(), 3),
+            other => panic!("a part buffered without the fence: {other:?}"),
+        }
+        assert!(acceptor.inline.capacity() == 0, "nothing is buffered");
+        // The fence holder's parts are.
+        assert!(matches!(
+            acceptor.on_request(inline(PEER, 0, 2, 500), &node(PEER, 3)),
+            Step::Reply(Reply::PartStored)
+        ));
+    }
+
+    #[test]
+    fn a_two_sided_batch_above_its_limit_closes_the_connection() {
+        let mut acceptor = Acceptor::new(PEER, limits());
+        let fenced = node(PEER, 3);
+        assert!(matches!(
+            acceptor.on_request(inline(PEER, 0, 3, 600), &fenced),
+            Step::Reply(Reply::PartStored)
+        ));
+        closes(
+            acceptor.on_request(inline(PEER, 1, 3, 600), &fenced),
+            "above the limit of 1000",
+        );
+        assert_eq!(acceptor.inline.capacity(), 0, "the buffer is given back");
+    }
+
+    #[test]
+    fn a_snapshot_above_its_limit_closes_the_connection_before_a_byte_is_kept() {
+        let mut acceptor = Acceptor::new(PEER, limits());
+        closes(
+            acceptor.on_request(
+                snapshot(Vote::new_committed(3, PEER), 0, 5001, 10),
+                &node(PEER, 3),
+            ),
+            "above the limit of 5000",
+        );
+        assert_eq!(acceptor.snapshot.capacity(), 0);
+        assert!(matches!(
+            acceptor.on_request(
+                snapshot(Vote::new_committed(3, PEER), 0, 5000, 10),
+                &node(PEER, 3)
+            ),
+            Step::Reply(Reply::PartStored)
+        ));
+    }
+
+    #[test]
+    fn a_snapshot_is_taken_only_under_the_senders_own_and_current_vote() {
+        let mut acceptor = Acceptor::new(PEER, limits());
+        // A vote for another node: the peer claims to be someone else.
+        closes(
+            acceptor.on_request(
+                snapshot(Vote::new_committed(3, 3), 0, 100, 10),
+                &node(PEER, 3),
+            ),
+            "sent a vote for node 3",
+        );
+        // An older term than this node's vote: refused, nothing kept.
+        match acceptor.on_request(
+            snapshot(Vote::new_committed(2, PEER), 0, 100, 10),
+            &node(PEER, 3),
+        ) {
+            Step::Reply(Reply::Error(reason)) => assert!(reason.contains("older"), "{reason}"),
+            other => panic!("a stale leader's snapshot was taken: {other:?}"),
+        }
+        assert_eq!(acceptor.snapshot.capacity(), 0);
+    }
+
+    #[test]
+    fn votes_and_transfers_must_be_the_senders_own() {
+        let view = node(PEER, 3);
+        let mut acceptor = Acceptor::new(PEER, limits());
+        let forged = VoteRequest::new(Vote::new(4, 3), None);
+        closes(
+            acceptor.on_request(Request::Vote(forged.clone()), &view),
+            "sent a vote for node 3",
+        );
+        closes(
+            acceptor.on_request(Request::PreVote(forged), &view),
+            "sent a vote for node 3",
+        );
+        let own = VoteRequest::new(Vote::new(4, PEER), None);
+        assert!(matches!(
+            acceptor.on_request(Request::Vote(own), &view),
+            Step::Vote { pre: false, .. }
+        ));
+        let transfer = TransferLeaderRequest::new(Vote::new_committed(3, 3), ME, None);
+        closes(
+            acceptor.on_request(Request::TransferLeader(transfer), &view),
+            "sent a vote for node 3",
+        );
+        let transfer = TransferLeaderRequest::new(Vote::new_committed(3, PEER), ME, None);
+        assert!(matches!(
+            acceptor.on_request(Request::TransferLeader(transfer), &view),
+            Step::Transfer(_)
+        ));
+    }
+
+    #[test]
+    fn an_append_under_another_nodes_vote_closes_the_connection() {
+        let mut acceptor = Acceptor::new(PEER, limits());
+        closes(
+            acceptor.on_request(inline(3, 0, 1, 10), &node(PEER, 3)),
+            "sent a vote for node 3",
+        );
+    }
 }

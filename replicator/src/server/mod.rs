@@ -28,7 +28,7 @@ use crate::log_store::LogStore;
 use crate::network::FORWARD_DEPTH;
 use crate::protocol::{Reply, Request, decode, encode};
 use crate::replication::Acceptor;
-use crate::replication::acceptor::{AppendMeta, NodeView, Step};
+use crate::replication::acceptor::{AcceptorLimits, AppendMeta, NodeView, Step};
 use crate::types::{Entry, Raft, TypeConfig};
 pub use pipeline::FOLLOWER_PIPELINE_DEPTH;
 use pipeline::Pipeline;
@@ -61,6 +61,8 @@ pub struct ServerCtx {
     pub(crate) failover: crate::node::FailoverNews,
     /// The node's metrics (requests served).
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
+    /// What one connection's acceptor buffers, at most.
+    pub limits: AcceptorLimits,
 }
 
 /// Serves `listener` until it closes, then waits for its connections.
@@ -97,7 +99,7 @@ async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
     let conn_id = ctx
         .next_connection
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mut acceptor = Acceptor::new(peer);
+    let mut acceptor = Acceptor::new(peer, ctx.limits);
     let mut pipeline = Pipeline::new(ctx.clone(), conn_id);
     let mut forwarded = ForwardedReplies::new();
     loop {
@@ -147,6 +149,17 @@ async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
         }
         if Acceptor::pipelines(&request) {
             pipeline.submit(&mut acceptor, request).await;
+            if let Some(reason) = pipeline.closing().map(str::to_string) {
+                // What was taken before is answered, then the reason.
+                while pipeline.busy() {
+                    let reply = pipeline.next_reply().await;
+                    if !send_reply(&conn, &reply).await {
+                        break;
+                    }
+                }
+                close_for(&conn, peer, &reason);
+                return;
+            }
             continue;
         }
         // Anything else is answered after what is in flight.
@@ -162,12 +175,26 @@ async fn serve_connection(conn: Connection, ctx: Arc<ServerCtx>) {
             forwarded.push_back(start_forwarded(&ctx, step).await);
             continue;
         }
-        let reply = handle(&mut acceptor, request, conn_id, &ctx).await;
+        let reply = match handle(&mut acceptor, request, conn_id, &ctx).await {
+            Ok(reply) => reply,
+            Err(reason) => {
+                let _ = send_reply(&conn, &Reply::Error(reason.clone())).await;
+                close_for(&conn, peer, &reason);
+                return;
+            }
+        };
         if !send_reply(&conn, &reply).await {
             ctx.failover.lost(peer);
             return;
         }
     }
+}
+
+/// Closes `conn` because its peer went past a limit or broke a rule
+/// (the acceptor's [`Step::Close`]), saying why in the node's log.
+fn close_for(conn: &Connection, peer: u64, reason: &str) {
+    tracing::warn!(peer, %reason, "closing the connection");
+    conn.close();
 }
 
 /// Sends the answers of every forwarded call taken, in order; false when
@@ -201,13 +228,14 @@ pub(super) fn node_view(store: &LogStore) -> NodeView {
     }
 }
 
-/// Answers one request: the acceptor decides, this performs.
+/// Answers one request: the acceptor decides, this performs. `Err` with
+/// the reason when the connection is to be closed instead.
 async fn handle(
     acceptor: &mut Acceptor,
     request: Request,
     conn_id: u64,
     ctx: &Arc<ServerCtx>,
-) -> Reply {
+) -> Result<Reply, String> {
     // From before the fence check until openraft is done with it: no grant
     // overlaps a request that may extend the log.
     let _in_flight = match request {
@@ -215,8 +243,9 @@ async fn handle(
         _ => None,
     };
     let peer = acceptor.peer();
-    match acceptor.on_request(request, &node_view(&ctx.store)) {
+    Ok(match acceptor.on_request(request, &node_view(&ctx.store)) {
         Step::Reply(reply) => reply,
+        Step::Close(reason) => return Err(reason),
         Step::Grant { epoch } => grant(ctx, conn_id, epoch).await,
         Step::Append { ref entries, .. }
             if !entries.is_empty() && !ctx.store.holds_grant(conn_id) =>
@@ -261,7 +290,7 @@ async fn handle(
         step @ (Step::Propose(_) | Step::ReadIndex { .. }) => {
             start_forwarded(ctx, step).await.await
         }
-    }
+    })
 }
 
 /// Starts a forwarded call; its answer comes from the future returned. A

@@ -60,6 +60,9 @@ pub(super) struct Pipeline {
     input: Option<mpsc::Sender<AppendEntriesRequest<TypeConfig>>>,
     answers: Option<Answers>,
     slots: VecDeque<Slot>,
+    /// Why the connection is to be closed once what was taken is answered
+    /// (the acceptor's [`Step::Close`]).
+    closing: Option<String>,
 }
 
 impl Pipeline {
@@ -71,7 +74,14 @@ impl Pipeline {
             input: None,
             answers: None,
             slots: VecDeque::new(),
+            closing: None,
         }
+    }
+
+    /// Why the connection is to be closed, once the pipeline's replies
+    /// (the last of which tells the peer why) are sent.
+    pub(super) fn closing(&self) -> Option<&str> {
+        self.closing.as_deref()
     }
 
     /// Requests taken and not answered on the connection yet.
@@ -216,6 +226,12 @@ impl Pipeline {
         let step = acceptor.on_request(request, &node_view(&store));
         let (meta, entries, adopt) = match step {
             Step::Reply(reply) => return self.slots.push_back(Slot::Ready(reply)),
+            Step::Close(reason) => {
+                self.slots
+                    .push_back(Slot::Ready(Reply::Error(reason.clone())));
+                self.closing = Some(reason);
+                return;
+            }
             Step::Append { meta, entries } => {
                 debug_assert!(entries.is_empty(), "two-sided entries are not pipelined");
                 (meta, entries, None)

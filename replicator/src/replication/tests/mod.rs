@@ -15,7 +15,7 @@ use openraft::raft::AppendEntriesResponse;
 use ringraft_transport::{RemoteAddr, RemoteRegion, TransportError, WcError};
 use ringraft_wal::{Epoch, FenceWord, HeadWord, LogPos, Ring, RingConfig, VoteRecord};
 
-use super::acceptor::{AppendMeta, NodeView, Step, refuse_grant};
+use super::acceptor::{AcceptorLimits, AppendMeta, NodeView, Step, refuse_grant};
 use super::{Acceptor, Answer, AppendRequest, Completion, Link, LinkConfig, LinkEvent, Op, Ticket};
 use crate::log_store::{Payloads, encode_payload};
 use crate::protocol::{Hello, Reply, Request, Tail};
@@ -93,7 +93,7 @@ impl Follower {
             ring,
             vote: None,
             data_key: 1,
-            acceptor: Acceptor::new(LEADER),
+            acceptor: Acceptor::new(LEADER, AcceptorLimits::default()),
             tear_next_write: None,
         }
     }
@@ -382,7 +382,7 @@ impl Pair {
                         self.connects += 1;
                         self.wire.clear();
                         self.replies.clear();
-                        self.follower.acceptor = Acceptor::new(LEADER);
+                        self.follower.acceptor = Acceptor::new(LEADER, AcceptorLimits::default());
                         let hello = self.follower.hello();
                         self.link.connected(self.now, hello);
                     }

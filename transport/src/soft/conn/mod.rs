@@ -63,7 +63,9 @@ impl Frame {
     }
 }
 
-/// Largest frame on the wire: the largest transfer plus headers.
+/// Largest frame any connection takes (its decoder's limit): the largest
+/// `max_transfer_bytes` allowed plus headers. Each connection takes no
+/// more than its own [`ConnConfig::max_frame_bytes`].
 pub(crate) const MAX_FRAME_BYTES: usize = (1 << 30) + 4096;
 /// Responses queued for the wire before the responder waits.
 const RESPONSE_QUEUE: usize = 1024;
@@ -200,6 +202,9 @@ struct Shared {
     /// What the reader handed to the responder task and the task has not
     /// answered yet: while above zero, every request goes there, in order.
     slow: AtomicUsize,
+    /// The data bytes of the requests handed to the responder task and not
+    /// executed yet (at most `config.max_backlog_bytes`).
+    slow_bytes: AtomicUsize,
     recv: Mutex<RecvState>,
     recv_ready: Notify,
     recv_posted: Notify,
@@ -239,6 +244,7 @@ impl SoftConn {
             }),
             qp_access: AtomicU32::new((Access::ALL_REMOTE | Access::LOCAL_WRITE).bits()),
             slow: AtomicUsize::new(0),
+            slow_bytes: AtomicUsize::new(0),
             recv: Mutex::new(RecvState {
                 posted: config.recv_depth,
                 queue: VecDeque::new(),
@@ -386,6 +392,15 @@ impl Shared {
     /// Enters the error state (once): completes the first outstanding request
     /// with `first` when given, every other with `Flushed`, wakes receivers
     /// and tells the peer.
+    /// The peer broke the protocol or a limit: logged, then the error
+    /// state (the peer is told why).
+    fn violated(&self, cause: String) {
+        if self.error.lock().expect("state lock").is_none() {
+            tracing::warn!(peer = %self.peer, %cause, "closing the connection");
+        }
+        self.fail(format!("protocol: {cause}"), None);
+    }
+
     fn fail(&self, cause: String, first: Option<WcError>) {
         {
             let mut error = self.error.lock().expect("state lock");
@@ -420,9 +435,7 @@ impl Shared {
             }
         };
         let Some(pending) = pending else {
-            if self.error.lock().expect("state lock").is_none() {
-                self.fail(format!("protocol: answer {seq} out of order"), None);
-            }
+            self.violated(format!("answer {seq} out of order"));
             return;
         };
         match result {
@@ -468,10 +481,8 @@ impl Shared {
         for pending in completed {
             let _ = pending.done.send(Ok(Done::Ok));
         }
-        if let Some(violation) = violation
-            && self.error.lock().expect("state lock").is_none()
-        {
-            self.fail(format!("protocol: {violation}"), None);
+        if let Some(violation) = violation {
+            self.violated(violation);
         }
     }
 

@@ -167,7 +167,20 @@ impl Inbound {
         match frame {
             Frame::Resp { seq, result } => self.shared.complete(seq, result),
             Frame::Ack { upto } => self.shared.complete_upto(upto),
-            Frame::Req { seq, req } => return self.request(seq, req),
+            Frame::Req { seq, req } => {
+                if let Some(violation) = self.shared.oversized(&req) {
+                    // As a NIC answers a request above its limits: remote
+                    // invalid request; and this side closes too.
+                    self.idle();
+                    let _ = self.answers.responses.try_send(Frame::Resp {
+                        seq,
+                        result: Err(WcError::RemoteInvalidRequest),
+                    });
+                    self.shared.violated(violation);
+                    return false;
+                }
+                return self.request(seq, req);
+            }
             Frame::Close { reason } => {
                 if self.responder_busy() {
                     self.hand_over(Queued::Close(reason));
@@ -282,9 +295,22 @@ impl Inbound {
             "acknowledgements held back go first"
         );
         if self.shared.slow.fetch_add(1, Ordering::AcqRel) >= REQUEST_BACKLOG {
-            self.shared
-                .fail("protocol: the peer floods requests".into(), None);
+            self.shared.violated(format!(
+                "the peer floods requests: {REQUEST_BACKLOG} wait for the responder"
+            ));
             return false;
+        }
+        if let Queued::Request { req, .. } = &queued {
+            let bytes = request_bytes(req);
+            let waiting = self.shared.slow_bytes.fetch_add(bytes, Ordering::AcqRel) + bytes;
+            if waiting as u64 > self.shared.config.max_backlog_bytes {
+                self.shared.violated(format!(
+                    "the peer floods requests: {waiting} bytes wait for the responder \
+                     (max_backlog_bytes {})",
+                    self.shared.config.max_backlog_bytes
+                ));
+                return false;
+            }
         }
         if self.to_responder.send(queued).is_err() {
             self.shared.fail("the responder stopped".into(), None);
@@ -294,7 +320,39 @@ impl Inbound {
     }
 }
 
+/// The data bytes a request holds while it waits (what the backlog
+/// limit counts).
+fn request_bytes(req: &Request) -> usize {
+    match req {
+        Request::Write { data, .. } | Request::Send { data } => data.len(),
+        _ => 0,
+    }
+}
+
 impl Shared {
+    /// Why `req` from the peer is above this connection's limits, if it
+    /// is: a WRITE or READ above `max_transfer_bytes`. (A SEND above
+    /// `max_message_bytes` fails alone, as a message too long for the
+    /// posted receive does.)
+    fn oversized(&self, req: &Request) -> Option<String> {
+        let len = match req {
+            Request::Write { data, .. } => data.len() as u64,
+            Request::Read { len, .. } => u64::from(*len),
+            _ => return None,
+        };
+        (len > u64::from(self.config.max_transfer_bytes)).then(|| {
+            format!(
+                "a {} of {len} bytes is above max_transfer_bytes {}",
+                if matches!(req, Request::Write { .. }) {
+                    "WRITE"
+                } else {
+                    "READ"
+                },
+                self.config.max_transfer_bytes
+            )
+        })
+    }
+
     /// Executes `req` if it can complete without waiting. Otherwise
     /// returns, untouched, the request's gate answer when the gate was
     /// asked (a WRITE the inproc fabric parks), for [`Shared::execute`].
@@ -467,6 +525,9 @@ async fn respond(
             break;
         }
         let Outcome { result, deliver } = shared.execute(&req, released).await;
+        shared
+            .slow_bytes
+            .fetch_sub(request_bytes(&req), Ordering::AcqRel);
         let frames = answers.of(seq, &req, result, deliver.is_some());
         if !answers.send(frames.into_iter().flatten()).await {
             break;
