@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use ringraft_client::Client;
+use ringraft_client::{Client, ClientError, ClientTls};
 
 use crate::daemon::config::ServeArgs;
 
@@ -35,33 +35,74 @@ pub(crate) struct Endpoints {
     /// plus one second, so that dead endpoints fail the command quickly.
     #[arg(long)]
     pub deadline_ms: Option<u64>,
+    /// Dial the endpoints over TLS, trusting only this CA (PEM): each
+    /// node's certificate must be signed by it and name the endpoint's
+    /// host or IP address. Without it: plaintext.
+    #[arg(long, value_name = "PEM")]
+    pub ca: Option<std::path::PathBuf>,
+    /// This client's certificate (PEM), for nodes that require one
+    /// (`serve --tls-client-ca`).
+    #[arg(long, value_name = "PEM", requires_all = ["ca", "key"])]
+    pub cert: Option<std::path::PathBuf>,
+    /// The private key of --cert (PEM).
+    #[arg(long, value_name = "PEM", requires = "cert")]
+    pub key: Option<std::path::PathBuf>,
 }
 
 impl Endpoints {
-    /// A client for writes and membership changes.
-    pub fn client(&self) -> Client {
+    /// The TLS settings of the flags (`None`: plaintext), their files read
+    /// and checked.
+    ///
+    /// # Errors
+    /// [`ClientError::Tls`] naming a file that cannot be read or used.
+    pub fn tls(&self) -> Result<Option<ClientTls>, ClientError> {
+        let Some(ca) = &self.ca else {
+            return Ok(None);
+        };
+        let identity = match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+            _ => None,
+        };
+        ClientTls::from_files(ca, identity).map(Some)
+    }
+
+    /// A client of the endpoints, over TLS when the flags say so.
+    fn new_client(&self) -> Result<Client, ClientError> {
         let client = Client::new(
             self.endpoints.clone(),
             Duration::from_millis(self.timeout_ms),
         );
-        match self.deadline_ms {
+        Ok(match self.tls()? {
+            Some(tls) => client.with_tls(tls),
+            None => client,
+        })
+    }
+
+    /// A client for writes and membership changes.
+    ///
+    /// # Errors
+    /// As [`Endpoints::tls`].
+    pub fn client(&self) -> Result<Client, ClientError> {
+        let client = self.new_client()?;
+        Ok(match self.deadline_ms {
             Some(ms) => client.with_deadline(Duration::from_millis(ms)),
             None => client,
-        }
+        })
     }
 
     /// A client for queries: gives up after one pass over the endpoints
     /// (unless `--deadline-ms` says otherwise).
-    pub fn query_client(&self) -> Client {
+    ///
+    /// # Errors
+    /// As [`Endpoints::tls`].
+    pub fn query_client(&self) -> Result<Client, ClientError> {
         let pass = self
             .timeout_ms
             .saturating_mul(self.endpoints.len().max(1) as u64)
             .saturating_add(1000);
-        Client::new(
-            self.endpoints.clone(),
-            Duration::from_millis(self.timeout_ms),
-        )
-        .with_deadline(Duration::from_millis(self.deadline_ms.unwrap_or(pass)))
+        Ok(self
+            .new_client()?
+            .with_deadline(Duration::from_millis(self.deadline_ms.unwrap_or(pass))))
     }
 }
 
@@ -129,6 +170,11 @@ pub(crate) enum Command {
         /// memory or fsync.
         #[arg(long, default_value = "fsync")]
         durability: String,
+        /// Serve the client API over TLS, with client certificates
+        /// required: a throwaway CA and certificates are made in the demo's
+        /// directory, and the demo's own client uses them.
+        #[arg(long)]
+        tls: bool,
     },
     /// Offline tools for a node's write-ahead log.
     Wal {

@@ -31,12 +31,14 @@ async fn run(cli: Cli) -> ExitCode {
             records,
             step_timeout,
             durability,
+            tls,
         } => {
             demo::run(demo::DemoConfig {
                 dir,
                 records,
                 step_timeout: Duration::from_secs(step_timeout.clamp(1, 3600)),
                 durability,
+                tls,
             })
             .await
         }
@@ -110,6 +112,8 @@ mod tests {
             assert_eq!(c.ring_dir, Path::new("/dev/shm"));
             assert!(c.metrics.is_some());
             assert_ne!(c.secret, crate::daemon::config::DEV_SECRET);
+            assert!(c.tls.is_none(), "TLS is commented out: it needs files");
+            assert_eq!(c.caps, crate::daemon::accept::Caps::default());
             configs.push(c);
         }
         assert!(
@@ -118,6 +122,58 @@ mod tests {
                 .all(|w| w[0].peers == w[1].peers && w[0].cluster_id == w[1].cluster_id),
             "one cluster: the same peers and cluster id everywhere"
         );
+    }
+
+    /// The TLS keys of deploy/config/node{1,2,3}.toml (commented out: they
+    /// name files an operator makes) load through the real loader once
+    /// uncommented, with the files they name stood in for by test ones.
+    #[test]
+    fn the_example_configs_tls_keys_load_when_uncommented() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = crate::demo::certs::Ca::new("ca")
+            .unwrap()
+            .write(dir.path(), "node")
+            .unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "a test secret of more than 16 bytes\n").unwrap();
+        for id in 1..=3u64 {
+            let path = deploy().join(format!("config/node{id}.toml"));
+            let text = std::fs::read_to_string(&path).unwrap();
+            let mut uncommented = 0;
+            let text: String = text
+                .lines()
+                .map(|line| match line.strip_prefix("# tls_") {
+                    Some(rest) => {
+                        uncommented += 1;
+                        let (key, _) = rest.split_once(" = ").unwrap();
+                        let file = match key {
+                            "cert" => &node.cert,
+                            "key" => &node.key,
+                            "client_ca" => &node.ca,
+                            other => panic!("{}: unknown tls_{other}", path.display()),
+                        };
+                        format!("tls_{key} = {:?}\n", file.display().to_string())
+                    }
+                    None => format!("{line}\n"),
+                })
+                .collect();
+            assert_eq!(
+                uncommented,
+                3,
+                "{}: tls_cert, tls_key, tls_client_ca",
+                path.display()
+            );
+            let tried = dir.path().join(format!("node{id}.toml"));
+            std::fs::write(&tried, text).unwrap();
+            let c = crate::daemon::config::ServeArgs {
+                config: Some(tried),
+                secret_file: Some(secret.clone()),
+                ..Default::default()
+            }
+            .resolve()
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(c.tls.is_some_and(|t| t.client_auth()), "{}", path.display());
+        }
     }
 
     /// The unit starts the daemon the way the README says, on the config

@@ -19,6 +19,7 @@ use crate::proto::{
     MembersRequest, PromoteRequest, ReadRequest, Record, RemoveRequest, StatusRequest,
     StatusResponse, TransferLeaderRequest, TrimRequest,
 };
+use crate::tls::{self, ClientTls};
 
 /// Largest message the client sends or accepts (the daemon's limit too).
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
@@ -83,6 +84,13 @@ pub enum ClientError {
     /// An endpoint address cannot be used.
     #[error("bad endpoint {0}: {1}")]
     Endpoint(String, String),
+    /// TLS failed: a CA, certificate or key file cannot be used, or every
+    /// endpoint failed in a round because of TLS (a node's certificate not
+    /// signed by the client's CA or not naming its endpoint, a client
+    /// certificate missing or refused, a node that serves TLS dialled in
+    /// plaintext). Not retried: the same files would fail again.
+    #[error("{0}")]
+    Tls(String),
     /// The request is larger than the client API's message limit: no node
     /// can accept it, so it was not sent (nor retried).
     #[error(
@@ -124,6 +132,8 @@ pub struct Client {
     next_seq: u64,
     /// Attempts that failed in a way worth retrying (counted for `bench`).
     retries: u64,
+    /// `None`: plaintext (`http://`).
+    tls: Option<ClientTls>,
 }
 
 impl Client {
@@ -139,7 +149,17 @@ impl Client {
             client_id: new_client_id(),
             next_seq: 1,
             retries: 0,
+            tls: None,
         }
+    }
+
+    /// Dials every endpoint over TLS (`https://`), trusting only the CA of
+    /// `tls`, and checking that each node's certificate names the host or
+    /// IP address of its endpoint (`host:port` as given).
+    pub fn with_tls(mut self, tls: ClientTls) -> Client {
+        self.tls = Some(tls);
+        self.channels.clear();
+        self
     }
 
     /// Changes how long one operation may retry in all.
@@ -164,13 +184,23 @@ impl Client {
             return Ok(c.clone());
         }
         let addr = &self.endpoints[k];
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| Status::invalid_argument(format!("endpoint {addr}: {e}")))?
             .connect_timeout(self.per_endpoint);
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint
+                .tls_config(tls.config())
+                .map_err(|e| Status::invalid_argument(format!("endpoint {addr}: {}", chain(&e))))?;
+        }
         let channel = tokio::time::timeout(self.per_endpoint, endpoint.connect())
             .await
             .map_err(|_| Status::unavailable(format!("{addr}: connect timed out")))?
-            .map_err(|e| Status::unavailable(format!("{addr}: {e}")))?;
+            .map_err(|e| {
+                let mut status = Status::unavailable(format!("{addr}: {}", chain(&e)));
+                status.set_source(std::sync::Arc::new(e));
+                status
+            })?;
         let client = LogClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -196,6 +226,9 @@ impl Client {
         let mut tried = 0;
         let mut backoff = FIRST_BACKOFF;
         loop {
+            // The round's TLS failures: when every endpoint failed so, the
+            // next round would too.
+            let mut tls_failures = Vec::new();
             for step in 0..self.endpoints.len() {
                 let k = (self.preferred + step) % self.endpoints.len();
                 tried += 1;
@@ -212,12 +245,24 @@ impl Client {
                         self.preferred = k;
                         return Ok(v);
                     }
-                    Err(status) if retryable(&status) => {
-                        self.forget(k);
-                        last = format!("{}: {}", self.endpoints[k], status.message());
-                    }
-                    Err(status) => return Err(ClientError::Refused(status)),
+                    Err(status) => match tls::failure(&status, self.tls.is_some()) {
+                        // Another endpoint may have a certificate that
+                        // passes; this one is tried again next round.
+                        Some(why) => {
+                            self.forget(k);
+                            last = format!("{}: {why}", self.endpoints[k]);
+                            tls_failures.push(last.clone());
+                        }
+                        None if retryable(&status) => {
+                            self.forget(k);
+                            last = format!("{}: {}", self.endpoints[k], describe(&status));
+                        }
+                        None => return Err(ClientError::Refused(status)),
+                    },
                 }
+            }
+            if tls_failures.len() == self.endpoints.len() {
+                return Err(ClientError::Tls(tls_failures.join("; ")));
             }
             if tokio::time::Instant::now() + backoff > deadline {
                 return Err(ClientError::Unavailable { tried, last });
@@ -373,9 +418,9 @@ impl Client {
         };
         let (requests, mut responses) = match opened {
             Ok(opened) => opened,
-            Err(status) if retryable(&status) => {
+            Err(status) if self.worth_another_try(&status) => {
                 // The next batch goes with Append's retries, which try the
-                // other endpoints.
+                // other endpoints (and tell a TLS failure everywhere).
                 self.broken(k);
                 pipe.take_next(self, batches).await;
                 return Ok(());
@@ -410,7 +455,7 @@ impl Client {
                         Ok(Err(status)) => status,
                         Err(_) => self.no_answer(k),
                     };
-                    if !retryable(&status) {
+                    if !self.worth_another_try(&status) {
                         return Err(ClientError::Refused(status));
                     }
                     self.broken(k);
@@ -431,6 +476,13 @@ impl Client {
                 }
             }
         }
+    }
+
+    /// Whether a failed call is worth another try, here or elsewhere: a
+    /// failure [`retryable`] says so of, or one of TLS (the round of
+    /// [`Client::append`]'s retries tells whether every endpoint fails so).
+    fn worth_another_try(&self, status: &Status) -> bool {
+        retryable(status) || tls::failure(status, self.tls.is_some()).is_some()
     }
 
     /// Notes an endpoint whose call failed in a way worth retrying.
@@ -681,6 +733,37 @@ fn checked_request(
         });
     }
     Ok(request)
+}
+
+/// `error` and its causes, each once (a cause whose words its effect
+/// already says is left out).
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(cause) = next {
+        let words = cause.to_string();
+        if !text.contains(&words) {
+            text = format!("{text}: {words}");
+        }
+        next = cause.source();
+    }
+    text
+}
+
+/// A failed call's status in words: its message and its causes (tonic
+/// says only "transport error" where the cause says what happened).
+fn describe(status: &Status) -> String {
+    match std::error::Error::source(status) {
+        Some(cause) => {
+            let causes = chain(cause);
+            if status.message().contains(&causes) {
+                status.message().to_string()
+            } else {
+                format!("{}: {causes}", status.message())
+            }
+        }
+        None => status.message().to_string(),
+    }
 }
 
 /// A fresh session's client id (never 0, which means "no session").

@@ -2,6 +2,9 @@
 //!
 //! The Rust client of ringraft's client API (gRPC, `proto/ringraft/v1/log.proto`,
 //! version 1), used by the `ringraft` command-line client and by tests.
+//! Plaintext by default; over TLS with [`Client::with_tls`] and a
+//! [`ClientTls`] (the nodes' CA, and a client certificate for nodes that
+//! require one).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), ringraft_client::ClientError> {
@@ -14,6 +17,7 @@
 //! ```
 
 pub mod client;
+pub mod tls;
 
 /// The generated protobuf and gRPC code.
 pub mod proto {
@@ -23,6 +27,7 @@ pub mod proto {
 
 pub use client::{Client, ClientError};
 pub use proto::Consistency;
+pub use tls::ClientTls;
 
 /// The API version this crate speaks (request metadata `ringraft-api`).
 pub const API_VERSION: &str = "1";

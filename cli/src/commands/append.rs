@@ -16,7 +16,10 @@ use crate::args::Endpoints;
 
 /// Appends `data` (none: stdin, one record per line).
 pub(crate) async fn run(endpoints: Endpoints, data: Vec<String>) -> ExitCode {
-    let mut client = endpoints.client();
+    let mut client = match endpoints.client() {
+        Ok(client) => client,
+        Err(e) => return client_error(e),
+    };
     let mut out = std::io::stdout().lock();
     if !data.is_empty() {
         let records = data.into_iter().map(String::into_bytes).collect();

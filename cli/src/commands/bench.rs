@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use ringraft_client::proto::Consistency;
-use ringraft_client::{Client, ClientError};
+use ringraft_client::{Client, ClientError, ClientTls};
 
 use super::fail;
 use crate::args::BenchArgs;
@@ -95,9 +95,20 @@ pub struct BenchConfig {
     pub duration: Duration,
     /// How long one append may keep retrying before it counts as an error.
     pub append_deadline: Duration,
+    /// TLS of the clients (`None`: plaintext).
+    pub tls: Option<ClientTls>,
 }
 
 impl BenchConfig {
+    /// A client of `endpoints`, over TLS when the bench uses it.
+    fn client(&self, endpoints: Vec<String>, per_endpoint: Duration) -> Client {
+        let client = Client::new(endpoints, per_endpoint);
+        match &self.tls {
+            Some(tls) => client.with_tls(tls.clone()),
+            None => client,
+        }
+    }
+
     /// Checks the bounds.
     pub fn check(&self) -> Result<(), String> {
         if self.endpoints.is_empty() {
@@ -347,7 +358,8 @@ async fn worker(
     client_no: usize,
     shared: Arc<Shared>,
 ) -> WorkerResult {
-    let mut client = Client::new(config.endpoints.clone(), config.per_endpoint)
+    let mut client = config
+        .client(config.endpoints.clone(), config.per_endpoint)
         .with_deadline(config.append_deadline);
     let mut result = WorkerResult::empty();
     let mut seq = 0u64;
@@ -478,7 +490,10 @@ async fn failed(e: ClientError, shared: &Shared, result: &mut WorkerResult) {
     result.errors += 1;
     let refused = matches!(
         e,
-        ClientError::Refused(_) | ClientError::Endpoint(..) | ClientError::TooLarge { .. }
+        ClientError::Refused(_)
+            | ClientError::Endpoint(..)
+            | ClientError::TooLarge { .. }
+            | ClientError::Tls(_)
     );
     if result.first_error.is_none() {
         result.first_error = Some(e.to_string());
@@ -502,11 +517,14 @@ fn micros(started: Instant) -> u64 {
 /// The endpoints with the leader's first, when the nodes say which one it
 /// is (followers forward appends, which would add a hop to every
 /// measurement); else as given.
-pub async fn leader_first(endpoints: Vec<String>, per_endpoint: Duration) -> Vec<String> {
+pub async fn leader_first(config: &BenchConfig) -> Vec<String> {
+    let (endpoints, per_endpoint) = (config.endpoints.clone(), config.per_endpoint);
     let mut ids = Vec::new();
     let mut leader = 0;
     for e in &endpoints {
-        let mut c = Client::new(vec![e.clone()], per_endpoint).with_deadline(per_endpoint);
+        let mut c = config
+            .client(vec![e.clone()], per_endpoint)
+            .with_deadline(per_endpoint);
         match c.status().await {
             Ok(s) => {
                 if s.leader_id != 0 {
@@ -556,6 +574,10 @@ pub(crate) async fn command(args: BenchArgs) -> std::process::ExitCode {
             "--duration {duration}: expected seconds in (0, {MAX_DURATION_SECS}]"
         ));
     }
+    let tls = match endpoints.tls() {
+        Ok(tls) => tls,
+        Err(e) => return fail(e),
+    };
     let config = BenchConfig {
         workload,
         consistency,
@@ -566,6 +588,7 @@ pub(crate) async fn command(args: BenchArgs) -> std::process::ExitCode {
         batch,
         duration: Duration::from_secs_f64(duration),
         append_deadline: Duration::from_millis(append_deadline_ms.max(1)),
+        tls,
     };
     match run(config, !quiet).await {
         Ok(report) => {
@@ -587,7 +610,7 @@ pub(crate) async fn command(args: BenchArgs) -> std::process::ExitCode {
 /// Runs the bench; `progress` gets the live line.
 pub async fn run(mut config: BenchConfig, progress: bool) -> Result<BenchReport, String> {
     config.check()?;
-    config.endpoints = leader_first(config.endpoints, config.per_endpoint).await;
+    config.endpoints = leader_first(&config).await;
     let config = Arc::new(config);
     let run = rand::random::<u32>();
     let shared = Arc::new(Shared {
@@ -713,6 +736,7 @@ mod tests {
             batch: 1,
             duration: Duration::from_secs(1),
             append_deadline: Duration::from_millis(300),
+            tls: None,
         }
     }
 

@@ -10,14 +10,26 @@ use crate::args::MembersAction;
 /// Runs one membership action and prints the members.
 pub(crate) async fn run(action: MembersAction) -> ExitCode {
     let result = match action {
-        MembersAction::List { endpoints } => endpoints.query_client().members().await,
+        MembersAction::List { endpoints } => match endpoints.query_client() {
+            Ok(mut client) => client.members().await,
+            Err(e) => Err(e),
+        },
         MembersAction::Add {
             endpoints,
             id,
             addr,
-        } => endpoints.client().add_learner(id, addr).await,
-        MembersAction::Promote { endpoints, ids } => endpoints.client().promote(ids).await,
-        MembersAction::Remove { endpoints, ids } => endpoints.client().remove(ids).await,
+        } => match endpoints.client() {
+            Ok(mut client) => client.add_learner(id, addr).await,
+            Err(e) => Err(e),
+        },
+        MembersAction::Promote { endpoints, ids } => match endpoints.client() {
+            Ok(mut client) => client.promote(ids).await,
+            Err(e) => Err(e),
+        },
+        MembersAction::Remove { endpoints, ids } => match endpoints.client() {
+            Ok(mut client) => client.remove(ids).await,
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(members) => {

@@ -35,10 +35,18 @@ pub(crate) async fn run(args: ReadArgs) -> ExitCode {
         // (the server refuses an empty range of a plain read itself).
         return fail(format!("range {from}..={to} is empty"));
     }
+    let client = if follow {
+        endpoints.client()
+    } else {
+        endpoints.query_client()
+    };
+    let mut client = match client {
+        Ok(client) => client,
+        Err(e) => return client_error(e),
+    };
     if follow {
-        return follow_from(endpoints.client(), from, to, json).await;
+        return follow_from(client, from, to, json).await;
     }
-    let mut client = endpoints.query_client();
     let mut out = std::io::stdout().lock();
     match client.read(from, to.unwrap_or(0), consistency).await {
         Ok(records) => {

@@ -11,7 +11,11 @@ use crate::args::Endpoints;
 
 /// Asks one node for its status and prints it.
 pub(crate) async fn run(endpoints: Endpoints, json: bool) -> ExitCode {
-    match endpoints.query_client().status().await {
+    let mut client = match endpoints.query_client() {
+        Ok(client) => client,
+        Err(e) => return client_error(e),
+    };
+    match client.status().await {
         Ok(s) => {
             if json {
                 print_json(&s);

@@ -8,7 +8,11 @@ use crate::args::Endpoints;
 
 /// Asks for node `to` to lead.
 pub(crate) async fn run(endpoints: Endpoints, to: u64) -> ExitCode {
-    match endpoints.client().transfer_leader(to).await {
+    let mut client = match endpoints.client() {
+        Ok(client) => client,
+        Err(e) => return client_error(e),
+    };
+    match client.transfer_leader(to).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => client_error(e),
     }

@@ -9,7 +9,11 @@ use crate::args::Endpoints;
 
 /// Trims below `before`.
 pub(crate) async fn run(endpoints: Endpoints, before: u64) -> ExitCode {
-    match endpoints.client().trim(before).await {
+    let mut client = match endpoints.client() {
+        Ok(client) => client,
+        Err(e) => return client_error(e),
+    };
+    match client.trim(before).await {
         Ok(first) => {
             println!("first index {first}");
             ExitCode::SUCCESS

@@ -8,6 +8,9 @@ use std::path::PathBuf;
 use clap::Args;
 use serde::Deserialize;
 
+use super::accept::{Caps, MAX_MAX_CONNECTIONS};
+use super::tls::{ServerTls, TlsFiles};
+
 /// The flags of `ringraft serve` (every one may also come from the file).
 #[derive(Args, Clone, Debug, Default)]
 pub struct ServeArgs {
@@ -90,6 +93,27 @@ pub struct ServeArgs {
     /// than this (e.g. 7d, 12h).
     #[arg(long)]
     pub retain_age: Option<String>,
+    /// This node's certificate chain (PEM, its own certificate first) for
+    /// the client API and the metrics endpoint: with --tls-key, both serve
+    /// TLS only (default: plaintext).
+    #[arg(long, value_name = "PEM")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "PEM")]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates signed by this CA (PEM) on the client
+    /// API and the metrics endpoint (needs --tls-cert).
+    #[arg(long, value_name = "PEM")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Open connections from one IP address (an IPv6 /64) per port (the
+    /// client API's, the metrics endpoint's); more are closed at once
+    /// (default 256).
+    #[arg(long)]
+    pub max_connections_per_ip: Option<u32>,
+    /// Open connections per port in all; more are closed at once (default
+    /// 4096).
+    #[arg(long)]
+    pub max_connections: Option<u32>,
     /// TOML file with the same keys as the flags (flags win).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -122,6 +146,11 @@ struct FileConfig {
     rdma_ack_timeout_exp: Option<u8>,
     retain_bytes: Option<String>,
     retain_age: Option<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_client_ca: Option<PathBuf>,
+    max_connections_per_ip: Option<u32>,
+    max_connections: Option<u32>,
 }
 
 /// The secret used when no --secret-file is given (development only: the
@@ -165,6 +194,10 @@ pub struct Config {
     pub rdma_retry: RdmaRetry,
     pub retain_bytes: Option<u64>,
     pub retain_age: Option<std::time::Duration>,
+    /// TLS of the client API and the metrics endpoint (`None`: plaintext).
+    pub tls: Option<ServerTls>,
+    /// The connection caps of each of those ports.
+    pub caps: Caps,
 }
 
 /// Smallest `--retain-bytes`: one segment's worth would be trimmed as soon
@@ -261,6 +294,15 @@ impl ServeArgs {
             self.rdma_retry_count.or(file.rdma_retry_count),
             self.rdma_ack_timeout_exp.or(file.rdma_ack_timeout_exp),
         )?;
+        let tls = parse_tls(
+            self.tls_cert.or(file.tls_cert),
+            self.tls_key.or(file.tls_key),
+            self.tls_client_ca.or(file.tls_client_ca),
+        )?;
+        let caps = parse_caps(
+            self.max_connections_per_ip.or(file.max_connections_per_ip),
+            self.max_connections.or(file.max_connections),
+        )?;
         Ok(Config {
             id,
             data_dir,
@@ -284,8 +326,54 @@ impl ServeArgs {
             rdma_retry,
             retain_bytes,
             retain_age,
+            tls,
+            caps,
         })
     }
+}
+
+/// `--tls-cert`, `--tls-key`, `--tls-client-ca`: none (plaintext), or the
+/// certificate and its key (and the client CA), loaded and checked.
+fn parse_tls(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+) -> Result<Option<ServerTls>, String> {
+    match (cert, key, client_ca) {
+        (None, None, None) => Ok(None),
+        (Some(cert), Some(key), client_ca) => ServerTls::load(TlsFiles {
+            cert,
+            key,
+            client_ca,
+        })
+        .map(Some),
+        (Some(_), None, _) => Err("--tls-cert needs --tls-key (the certificate's key)".into()),
+        (None, Some(_), _) => Err("--tls-key needs --tls-cert".into()),
+        (None, None, Some(_)) => Err(
+            "--tls-client-ca needs --tls-cert and --tls-key: client certificates are checked \
+             in the TLS handshake"
+                .into(),
+        ),
+    }
+}
+
+/// `--max-connections-per-ip` and `--max-connections` (defaults:
+/// [`Caps::default`]): at least 1, per source no more than in all.
+fn parse_caps(per_ip: Option<u32>, total: Option<u32>) -> Result<Caps, String> {
+    let default = Caps::default();
+    let total = total.unwrap_or(default.total);
+    if !(1..=MAX_MAX_CONNECTIONS).contains(&total) {
+        return Err(format!(
+            "--max-connections {total} must be in 1..={MAX_MAX_CONNECTIONS}"
+        ));
+    }
+    let per_source = per_ip.unwrap_or(default.per_source.min(total));
+    if !(1..=total).contains(&per_source) {
+        return Err(format!(
+            "--max-connections-per-ip {per_source} must be in 1..={total} (--max-connections)"
+        ));
+    }
+    Ok(Caps { per_source, total })
 }
 
 /// The TOML file at `path` (none: every key unset). Unknown keys are refused.
@@ -570,6 +658,136 @@ mod tests {
         .unwrap();
         assert_eq!(flag_wins.rdma_retry.ack_timeout_exp, 19);
         assert_eq!(flag_wins.rdma_retry.retry_count, 3);
+    }
+
+    /// `--tls-cert` and `--tls-key` come together, `--tls-client-ca` needs
+    /// them, the files are checked at once, and the file's keys work like
+    /// the flags.
+    #[test]
+    fn tls_flags_come_in_pairs_and_are_checked_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = crate::demo::certs::Ca::new("ca")
+            .unwrap()
+            .write(dir.path(), "node")
+            .unwrap();
+        assert!(
+            base().resolve().unwrap().tls.is_none(),
+            "plaintext by default"
+        );
+        let with = |cert: Option<&Path>, key: Option<&Path>, client_ca: Option<&Path>| ServeArgs {
+            tls_cert: cert.map(Into::into),
+            tls_key: key.map(Into::into),
+            tls_client_ca: client_ca.map(Into::into),
+            ..base()
+        };
+        let c = with(Some(&node.cert), Some(&node.key), None)
+            .resolve()
+            .unwrap();
+        assert!(c.tls.is_some_and(|t| !t.client_auth()));
+        let c = with(Some(&node.cert), Some(&node.key), Some(&node.ca))
+            .resolve()
+            .unwrap();
+        assert!(c.tls.is_some_and(|t| t.client_auth()));
+        let missing = dir.path().join("missing.pem");
+        for (what, args, expected) in [
+            (
+                "cert alone",
+                with(Some(&node.cert), None, None),
+                "--tls-cert needs --tls-key",
+            ),
+            (
+                "key alone",
+                with(None, Some(&node.key), None),
+                "--tls-key needs --tls-cert",
+            ),
+            (
+                "client ca alone",
+                with(None, None, Some(&node.ca)),
+                "--tls-client-ca needs",
+            ),
+            (
+                "missing cert",
+                with(Some(&missing), Some(&node.key), None),
+                "missing.pem",
+            ),
+            (
+                "missing client ca",
+                with(Some(&node.cert), Some(&node.key), Some(&missing)),
+                "--tls-client-ca",
+            ),
+        ] {
+            let err = args.resolve().unwrap_err();
+            assert!(err.contains(expected), "{what}: {err}");
+        }
+        let path = dir.path().join("n.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "tls_cert = {:?}\ntls_key = {:?}\ntls_client_ca = {:?}\n",
+                node.cert, node.key, node.ca
+            ),
+        )
+        .unwrap();
+        let c = ServeArgs {
+            config: Some(path),
+            ..base()
+        }
+        .resolve()
+        .unwrap();
+        assert!(c.tls.is_some_and(|t| t.client_auth()), "from the file");
+    }
+
+    #[test]
+    fn connection_caps_default_take_flags_and_file_and_are_checked() {
+        let c = base().resolve().unwrap();
+        assert_eq!(c.caps, Caps::default());
+        assert_eq!((c.caps.per_source, c.caps.total), (256, 4096));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n.toml");
+        std::fs::write(&path, "max_connections_per_ip = 8\nmax_connections = 100\n").unwrap();
+        let c = ServeArgs {
+            config: Some(path.clone()),
+            max_connections: Some(50),
+            ..base()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(
+            c.caps,
+            Caps {
+                per_source: 8,
+                total: 50
+            },
+            "the flag wins"
+        );
+        let small = ServeArgs {
+            max_connections: Some(10),
+            ..base()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(
+            small.caps.per_source, 10,
+            "the default per IP fits the total"
+        );
+        for (per_ip, total) in [
+            (Some(0), None),
+            (None, Some(0)),
+            (Some(11), Some(10)),
+            (None, Some(u32::MAX)),
+        ] {
+            let err = ServeArgs {
+                max_connections_per_ip: per_ip,
+                max_connections: total,
+                ..base()
+            }
+            .resolve()
+            .unwrap_err();
+            assert!(
+                err.contains("--max-connections"),
+                "{per_ip:?} {total:?}: {err}"
+            );
+        }
     }
 
     #[test]

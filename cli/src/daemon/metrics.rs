@@ -1,21 +1,28 @@
 //! Prometheus metrics at `/metrics` and a health check at `/health`.
 //!
 //! Values are read at scrape time from the node (openraft's metrics and the
-//! data plane's counters), the ring and the fabric device (on rdma, the
-//! port's `hw_counters`), into a fresh registry. Scraping only reads: it
+//! data plane's counters), the ring, the fabric device (on rdma, the
+//! port's `hw_counters`) and the client-facing ports' accept loops
+//! (connections open, refused by a cap, dropped before their TLS handshake
+//! ended), into a fresh registry. Scraping only reads: it
 //! never changes the node, and a failed encoding is an answer, not a panic.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use ringraft::Node;
 use ringraft::metrics::LATENCY_BUCKETS_US;
+
+use super::accept::{Incoming, PortStats};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FollowerLabel {
@@ -27,6 +34,20 @@ struct CounterLabel {
     counter: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PortLabel {
+    port: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PortReasonLabel {
+    port: String,
+    reason: String,
+}
+
+/// The client-facing ports' counters, by port name.
+pub type Ports = [(&'static str, Arc<PortStats>)];
+
 fn gauge(registry: &mut Registry, name: &str, help: &str, value: i64) {
     let g: Gauge = Gauge::default();
     g.set(value);
@@ -34,11 +55,12 @@ fn gauge(registry: &mut Registry, name: &str, help: &str, value: i64) {
 }
 
 /// The exposition text.
-pub fn render(node: &Node) -> String {
+pub fn render(node: &Node, ports: &Ports) -> String {
     let mut registry = Registry::with_prefix("ringraft");
     raft_gauges(&mut registry, node);
     data_plane_gauges(&mut registry, node);
     families(&mut registry, node);
+    port_families(&mut registry, ports);
     let mut text = String::new();
     if prometheus_client::encoding::text::encode(&mut text, &registry).is_err() {
         return "# encoding failed\n".into();
@@ -221,6 +243,63 @@ fn families(registry: &mut Registry, node: &Node) {
     registry.register("nic_counter", "Fabric device counters", nic);
 }
 
+/// The client-facing ports' connections: open, served, refused by a cap,
+/// dropped before their TLS handshake ended.
+fn port_families(registry: &mut Registry, ports: &Ports) {
+    let open = Family::<PortLabel, Gauge>::default();
+    let served = Family::<PortLabel, Counter>::default();
+    let refused = Family::<PortReasonLabel, Counter>::default();
+    let dropped = Family::<PortReasonLabel, Counter>::default();
+    let label = |name: &str| PortLabel { port: name.into() };
+    let reason = |name: &str, reason: &str| PortReasonLabel {
+        port: name.into(),
+        reason: reason.into(),
+    };
+    let read = |value: &std::sync::atomic::AtomicU64| value.load(Ordering::Relaxed);
+    for (name, stats) in ports {
+        open.get_or_create(&label(name))
+            .set(read(&stats.open) as i64);
+        served
+            .get_or_create(&label(name))
+            .inc_by(read(&stats.served));
+        refused
+            .get_or_create(&reason(name, "per_ip_cap"))
+            .inc_by(read(&stats.refused_per_source));
+        refused
+            .get_or_create(&reason(name, "total_cap"))
+            .inc_by(read(&stats.refused_total));
+        for (why, value) in [
+            ("timeout", &stats.pre_auth_timeouts),
+            ("tls_failed", &stats.pre_auth_failures),
+            ("plaintext", &stats.plaintext_refused),
+        ] {
+            dropped
+                .get_or_create(&reason(name, why))
+                .inc_by(read(value));
+        }
+    }
+    registry.register(
+        "connections_open",
+        "Open connections of a client-facing port (handshaking or served)",
+        open,
+    );
+    registry.register(
+        "connections_served",
+        "Connections of a client-facing port handed to its server",
+        served,
+    );
+    registry.register(
+        "connections_refused",
+        "Connections closed at once: their IP address (per_ip_cap) or the port (total_cap) had as many open as allowed",
+        refused,
+    );
+    registry.register(
+        "connections_dropped_before_auth",
+        "Connections dropped before their TLS handshake ended: not within the deadline (timeout), failed (tls_failed: e.g. no or a refused client certificate), plaintext on a TLS port",
+        dropped,
+    );
+}
+
 /// The commit latency histogram's exposition text, from the node's fixed
 /// buckets (inserted before `# EOF`).
 fn commit_latency(node: &Node) -> String {
@@ -254,28 +333,29 @@ fn commit_latency(node: &Node) -> String {
     hist
 }
 
-/// Serves `/metrics` and `/health` on `addr` until `shutdown` turns true.
-pub async fn serve(
-    addr: &str,
+/// Serves `/metrics` and `/health` on the connections of `incoming` until
+/// `shutdown` turns true; `/metrics` includes the counters of `ports`.
+pub fn serve(
+    incoming: Incoming,
     node: Node,
+    ports: Vec<(&'static str, Arc<PortStats>)>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
-) -> Result<tokio::task::JoinHandle<()>, String> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("--metrics {addr}: {e}"))?;
+) -> tokio::task::JoinHandle<()> {
+    let ports: Arc<Ports> = ports.into();
     let metrics_node = node.clone();
     let app = Router::new()
         .route(
             "/metrics",
             get(move || {
                 let node = metrics_node.clone();
+                let ports = Arc::clone(&ports);
                 async move {
                     (
                         [(
                             "content-type",
                             "application/openmetrics-text; version=1.0.0; charset=utf-8",
                         )],
-                        render(&node),
+                        render(&node, &ports),
                     )
                 }
             }),
@@ -303,11 +383,11 @@ pub async fn serve(
                 }
             }),
         );
-    Ok(tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
+    tokio::spawn(async move {
+        let _ = axum::serve(incoming, app)
             .with_graceful_shutdown(async move {
                 let _ = shutdown.wait_for(|stop| *stop).await;
             })
             .await;
-    }))
+    })
 }

@@ -4,12 +4,13 @@
 //! with an error). It wires the parts together; it never handles a client request
 //! itself (that is `service`) and never parses flags (that is `config`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::proto::log_server::LogServer;
 use ringraft::{Fabric, NodeBuilder, NodeConfig};
-use tonic::transport::server::TcpIncoming;
 
+use super::accept::{self, Incoming, PRE_AUTH_TIMEOUT, Port, PortStats, Protocol};
 use super::config::{Config, FabricChoice};
 use super::service::LogService;
 use super::state_machine::Records;
@@ -85,17 +86,104 @@ async fn start_node(config: &Config) -> Result<(ringraft::Node, String), String>
     Ok((node, backend))
 }
 
+/// File descriptors the node needs besides its client-facing connections
+/// (peers, ring, segments, snapshots), roughly.
+const NODE_FDS: u64 = 1024;
+
+/// Raises the open files limit to its hard limit and logs it; warns when
+/// it stays below what the connection caps allow.
+fn raise_open_files_limit(config: &Config) {
+    let allowed = 2 * u64::from(config.caps.total) + NODE_FDS;
+    match accept::raise_open_files_limit() {
+        Ok((before, after)) => {
+            tracing::info!(before, after, "open files limit (RLIMIT_NOFILE)");
+            if after < allowed {
+                tracing::warn!(
+                    limit = after,
+                    needed = allowed,
+                    "the open files limit is below what the connection caps allow \
+                     (2 ports x --max-connections, and the node's own): raise the hard limit \
+                     (systemd: LimitNOFILE) or lower --max-connections"
+                );
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open files limit (RLIMIT_NOFILE)"),
+    }
+}
+
+/// Binds `addr` (the flag `flag`'s value) and starts its accept loop.
+async fn listen(addr: &str, flag: &str, port: Port) -> Result<Incoming, String> {
+    let socket_addr: std::net::SocketAddr = tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| format!("{flag} {addr}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{flag} {addr} resolves to nothing"))?;
+    let listener = tokio::net::TcpListener::bind(socket_addr)
+        .await
+        .map_err(|e| format!("{flag} {socket_addr}: {e}"))?;
+    let tls = port.tls.is_some();
+    let what = match port.protocol {
+        Protocol::Grpc => "the client API (append, read, trim, membership, transfer)",
+        Protocol::Http => "the metrics endpoint",
+    };
+    let incoming = accept::spawn(listener, port).map_err(|e| format!("{flag} {addr}: {e}"))?;
+    if accept::plaintext_exposed(incoming.local_addr(), tls) {
+        tracing::warn!(
+            "{flag} {} is not a loopback address and has no TLS: anyone who can reach it can use \
+             {what} and read what it sends; give --tls-cert and --tls-key (and --tls-client-ca \
+             to admit only clients with a certificate)",
+            incoming.local_addr()
+        );
+    }
+    Ok(incoming)
+}
+
+/// The settings of a client-facing port.
+fn port(config: &Config, name: &'static str, protocol: Protocol) -> Port {
+    Port {
+        name,
+        protocol,
+        tls: config.tls.as_ref().map(|tls| match protocol {
+            Protocol::Grpc => Arc::clone(&tls.grpc),
+            Protocol::Http => Arc::clone(&tls.http),
+        }),
+        caps: config.caps,
+        pre_auth_timeout: PRE_AUTH_TIMEOUT,
+    }
+}
+
 /// Runs the daemon until a termination signal.
 pub async fn run(config: Config) -> Result<(), String> {
+    raise_open_files_limit(&config);
     let (node, backend) = start_node(&config).await?;
-    let client_addr: std::net::SocketAddr = tokio::net::lookup_host(&config.client)
-        .await
-        .map_err(|e| format!("--client {}: {e}", config.client))?
-        .next()
-        .ok_or_else(|| format!("--client {} resolves to nothing", config.client))?;
-    let listener = tokio::net::TcpListener::bind(client_addr)
-        .await
-        .map_err(|e| format!("--client {client_addr}: {e}"))?;
+    let client_port = listen(
+        &config.client,
+        "--client",
+        port(&config, "client", Protocol::Grpc),
+    )
+    .await?;
+    let metrics_port = match &config.metrics {
+        Some(addr) => {
+            Some(listen(addr, "--metrics", port(&config, "metrics", Protocol::Http)).await?)
+        }
+        None => None,
+    };
+    let mut port_stats: Vec<(&'static str, Arc<PortStats>)> = vec![("client", client_port.stats())];
+    if let Some(metrics) = &metrics_port {
+        port_stats.push(("metrics", metrics.stats()));
+    }
+    tracing::info!(
+        tls = config.tls.is_some(),
+        client_certificates = config.tls.as_ref().is_some_and(|t| t.client_auth()),
+        max_connections_per_ip = config.caps.per_source,
+        max_connections = config.caps.total,
+        "client API on {}{}",
+        client_port.local_addr(),
+        metrics_port
+            .as_ref()
+            .map(|m| format!(", metrics on {}", m.local_addr()))
+            .unwrap_or_default()
+    );
     let service = LogService::new(
         node.clone(),
         config.max_record as usize,
@@ -112,14 +200,13 @@ pub async fn run(config: Config) -> Result<(), String> {
                     .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
                     .max_encoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
             )
-            .serve_with_incoming_shutdown(client_connections(listener), async move {
+            .serve_with_incoming_shutdown(client_port, async move {
                 let _ = grpc_shutdown.wait_for(|stop| *stop).await;
             }),
     );
-    let metrics = match &config.metrics {
-        Some(addr) => Some(super::metrics::serve(addr, node.clone(), shutdown_rx.clone()).await?),
-        None => None,
-    };
+    let metrics = metrics_port.map(|incoming| {
+        super::metrics::serve(incoming, node.clone(), port_stats, shutdown_rx.clone())
+    });
 
     let core_stopped = until_stopped(&node, wait_for_signal()).await;
     match &core_stopped {
@@ -152,17 +239,6 @@ async fn until_stopped(node: &ringraft::Node, signal: impl Future<Output = ()>) 
     }
 }
 
-/// The client API's incoming connections, each with `TCP_NODELAY` set.
-///
-/// tonic applies `Server::tcp_nodelay` only to listeners it binds itself,
-/// never to a stream handed to `serve_with_incoming*`. Without it, Nagle's
-/// algorithm holds the last small write of an answer until the client ACKs
-/// the previous one, which Linux delays by up to 40 ms: `scripts/compare.sh`
-/// measured about 1 % of 4 KiB appends at 40-48 ms (issue 11, item 7).
-fn client_connections(listener: tokio::net::TcpListener) -> TcpIncoming {
-    TcpIncoming::from(listener).with_nodelay(Some(true))
-}
-
 async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
@@ -183,24 +259,6 @@ async fn wait_for_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio_stream::StreamExt;
-
-    /// Issue 11, item 7: the client API's connections have `TCP_NODELAY`
-    /// (without it, about 1 % of 4 KiB appends waited 40 ms for a delayed
-    /// ACK).
-    #[tokio::test]
-    async fn client_connections_have_nodelay() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let mut incoming = client_connections(listener);
-        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let accepted = tokio::time::timeout(Duration::from_secs(60), incoming.next())
-            .await
-            .expect("the connection is accepted")
-            .expect("the stream goes on")
-            .unwrap();
-        assert!(accepted.nodelay().unwrap(), "TCP_NODELAY is set");
-    }
 
     /// The daemon stops when its node's Raft core stops on its own; before
     /// this, it went on serving with a dead core (the Jepsen runs' stale

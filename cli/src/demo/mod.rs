@@ -30,12 +30,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub(crate) mod certs;
 mod history;
 use history::{DemoHistory, final_log, text};
 
 use ringraft_checker::FinalLogs;
 use ringraft_client::proto::{Record, StatusResponse};
-use ringraft_client::{Client, Consistency};
+use ringraft_client::{Client, ClientError, ClientTls, Consistency};
 use ringraft_testkit::leader::{NodeView, Observe, Wanted, wait_for_leader};
 use ringraft_testkit::process::{
     NodePlace, ProcessCluster, ProcessOptions, Stopped, ringraft_binary,
@@ -74,6 +75,9 @@ pub struct DemoConfig {
     pub step_timeout: Duration,
     /// memory or fsync.
     pub durability: String,
+    /// TLS on the client API, client certificates required (a throwaway CA
+    /// in the demo's directory).
+    pub tls: bool,
 }
 
 /// Why the demo stopped.
@@ -95,7 +99,12 @@ type StepResult<T> = Result<T, Failure>;
 /// The nodes of the demo in `base`: data `node<id>`, log `node<id>.log`,
 /// rings in `shm` (the tcp fabric needs no tmpfs, so removing `base`
 /// removes everything); node 1 bootstraps.
-fn demo_cluster(exe: PathBuf, base: &Path, durability: &str) -> Result<ProcessCluster, String> {
+fn demo_cluster(
+    exe: PathBuf,
+    base: &Path,
+    durability: &str,
+    tls_args: Vec<String>,
+) -> Result<ProcessCluster, String> {
     let addr = || {
         ringraft_testkit::ports::loopback_addr().map_err(|e| format!("no free loopback port: {e}"))
     };
@@ -115,11 +124,36 @@ fn demo_cluster(exe: PathBuf, base: &Path, durability: &str) -> Result<ProcessCl
     let binary = ringraft_binary(Some(exe)).map_err(|e| format!("this executable: {e}"))?;
     let mut options = ProcessOptions::new(binary, "tcp", 1);
     options.extra_serve_args = vec!["--durability".into(), durability.into()];
+    options.extra_serve_args.extend(tls_args);
     let rust_log = std::env::var("RUST_LOG").unwrap_or_else(|_| DEFAULT_RUST_LOG.into());
     options.env = vec![("RUST_LOG".into(), Some(rust_log))];
     options.die_with_parent = true;
     options.stdout_to_log = true;
     Ok(ProcessCluster::new(options, places))
+}
+
+/// The TLS material of `--tls` in `base/tls`: a throwaway CA, one
+/// certificate for the nodes (all on loopback, dialled by IP address) and
+/// one for the demo's client. Returns the nodes' flags (the CA also signs
+/// the clients it admits), the client's files and its settings.
+fn demo_tls(base: &Path) -> Result<(Vec<String>, certs::Files, ClientTls), String> {
+    let dir = base.join("tls");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let ca = certs::Ca::new("ringraft demo CA")?;
+    let node = ca.write(&dir, "node")?;
+    let client = ca.write(&dir, "client")?;
+    let path = |p: &Path| p.display().to_string();
+    let args = vec![
+        "--tls-cert".into(),
+        path(&node.cert),
+        "--tls-key".into(),
+        path(&node.key),
+        "--tls-client-ca".into(),
+        path(&node.ca),
+    ];
+    let tls = ClientTls::from_files(&client.ca, Some((&client.cert, &client.key)))
+        .map_err(|e| e.to_string())?;
+    Ok((args, client, tls))
 }
 
 /// The last lines of node `id`'s log, indented.
@@ -160,16 +194,36 @@ fn say(line: impl AsRef<str>) {
     let _ = out.flush();
 }
 
-fn client(endpoints: Vec<String>, deadline: Duration) -> Client {
-    Client::new(endpoints, POLL_TIMEOUT).with_deadline(deadline)
+/// How the demo's clients reach the nodes: plaintext, or (`--tls`) TLS
+/// with the demo's CA and client certificate.
+#[derive(Clone, Default)]
+struct Clients {
+    tls: Option<ClientTls>,
 }
 
-fn data_client(endpoints: Vec<String>, deadline: Duration) -> Client {
-    Client::new(endpoints, DATA_TIMEOUT).with_deadline(deadline)
+impl Clients {
+    /// A client for polling, each attempt bounded by [`POLL_TIMEOUT`].
+    fn poll(&self, endpoints: Vec<String>, deadline: Duration) -> Client {
+        self.with_tls(Client::new(endpoints, POLL_TIMEOUT).with_deadline(deadline))
+    }
+
+    /// A client for appends and reads, each attempt bounded by
+    /// [`DATA_TIMEOUT`].
+    fn data(&self, endpoints: Vec<String>, deadline: Duration) -> Client {
+        self.with_tls(Client::new(endpoints, DATA_TIMEOUT).with_deadline(deadline))
+    }
+
+    fn with_tls(&self, client: Client) -> Client {
+        match &self.tls {
+            Some(tls) => client.with_tls(tls.clone()),
+            None => client,
+        }
+    }
 }
 
-async fn status_of(cluster: &ProcessCluster, id: u64) -> Option<StatusResponse> {
-    client(endpoints(cluster, &[id]), POLL_TIMEOUT)
+async fn status_of(cluster: &ProcessCluster, clients: &Clients, id: u64) -> Option<StatusResponse> {
+    clients
+        .poll(endpoints(cluster, &[id]), POLL_TIMEOUT)
         .status()
         .await
         .ok()
@@ -177,7 +231,7 @@ async fn status_of(cluster: &ProcessCluster, id: u64) -> Option<StatusResponse> 
 
 /// The demo's nodes as the kit's leader-waiting sees them: each node's
 /// status over the client API; a node that exited ends the wait.
-struct Watched<'a>(&'a ProcessCluster);
+struct Watched<'a>(&'a ProcessCluster, &'a Clients);
 
 impl Observe for Watched<'_> {
     fn running(&self) -> Vec<u64> {
@@ -185,7 +239,7 @@ impl Observe for Watched<'_> {
     }
 
     async fn view(&self, id: u64) -> Option<NodeView> {
-        let s = status_of(self.0, id).await?;
+        let s = status_of(self.0, self.1, id).await?;
         Some(NodeView {
             id: s.id,
             term: s.term,
@@ -275,6 +329,10 @@ fn record(run: u32, k: usize) -> Vec<u8> {
 /// A run's cluster and what the demo recorded of it.
 struct Demo {
     cluster: Arc<ProcessCluster>,
+    /// How its clients reach the nodes.
+    clients: Clients,
+    /// `--tls`: the demo's CA and client certificate.
+    tls: Option<certs::Files>,
     config: DemoConfig,
     base: PathBuf,
     /// Tags this run's records.
@@ -319,7 +377,8 @@ impl Demo {
         let ops = self.history.invoke_appends(batch, via);
         let endpoints = endpoints(&self.cluster, ids);
         let answer = bounded(what, self.timeout(), async {
-            data_client(endpoints, self.timeout())
+            self.clients
+                .data(endpoints, self.timeout())
                 .append(batch.to_vec())
                 .await
                 .map_err(|e| Failure::Check(format!("{what}: {e}")))
@@ -336,7 +395,8 @@ impl Demo {
         let op = recorded.then(|| self.history.invoke_read());
         let endpoints = endpoints(&self.cluster, &[id]);
         let answer = bounded(what, self.timeout(), async {
-            data_client(endpoints, self.timeout())
+            self.clients
+                .data(endpoints, self.timeout())
                 .read(1, 0, Consistency::Linearizable)
                 .await
                 .map_err(|e| Failure::Check(format!("linearizable read from node {id}: {e}")))
@@ -357,9 +417,13 @@ impl Demo {
             ..Wanted::any(POLL_PERIOD)
         };
         bounded(what, self.timeout(), async {
-            wait_for_leader(&Watched(&self.cluster), &wanted, Duration::MAX)
-                .await
-                .map_err(|e| Failure::Check(format!("{what}: {e}")))
+            wait_for_leader(
+                &Watched(&self.cluster, &self.clients),
+                &wanted,
+                Duration::MAX,
+            )
+            .await
+            .map_err(|e| Failure::Check(format!("{what}: {e}")))
         })
         .await
     }
@@ -390,7 +454,43 @@ impl Demo {
             first.term,
             started.elapsed().as_secs_f64()
         ));
+        self.check_tls_refusals(first.id).await?;
         Ok(first)
+    }
+
+    /// `--tls`: a client without a certificate, and a plaintext client,
+    /// are refused by node `id` (and say why).
+    async fn check_tls_refusals(&self, id: u64) -> StepResult<()> {
+        let Some(files) = &self.tls else {
+            return Ok(());
+        };
+        let endpoint = endpoints(&self.cluster, &[id]);
+        let ca_only = ClientTls::from_files(&files.ca, None).map_err(|e| e.to_string())?;
+        for (who, client) in [
+            (
+                "a client with the CA but without a certificate",
+                Client::new(endpoint.clone(), POLL_TIMEOUT).with_tls(ca_only),
+            ),
+            (
+                "a plaintext client",
+                Client::new(endpoint.clone(), POLL_TIMEOUT),
+            ),
+        ] {
+            let mut client = client.with_deadline(self.timeout());
+            let answer = bounded(who, self.timeout(), async { Ok(client.status().await) }).await?;
+            match answer {
+                Err(ClientError::Tls(why)) => say(format!("    {who} is refused: {why}")),
+                Ok(_) => {
+                    return Err(
+                        format!("{who} was answered by node {id}: TLS is not enforced").into(),
+                    );
+                }
+                Err(e) => {
+                    return Err(format!("{who}: expected a refusal for TLS, got: {e}").into());
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn append_and_read_back(&mut self, leader: NodeView) -> StepResult<FirstPhase> {
@@ -432,7 +532,8 @@ impl Demo {
             // POLL_TIMEOUT is short for a loaded machine.
             let endpoints = endpoints(&self.cluster, &[id]);
             let s = bounded("status", self.timeout(), async {
-                client(endpoints, self.timeout())
+                self.clients
+                    .poll(endpoints, self.timeout())
                     .status()
                     .await
                     .map_err(|e| Failure::Check(format!("node {id} does not answer status: {e}")))
@@ -524,7 +625,7 @@ impl Demo {
         reference: &[Record],
     ) -> StepResult<()> {
         self.step(&format!("Restarting node {old} and letting it catch up"));
-        let commit = status_of(&self.cluster, leader.id)
+        let commit = status_of(&self.cluster, &self.clients, leader.id)
             .await
             .map_or(0, |s| s.commit_index);
         self.cluster.start(old).map_err(|e| e.to_string())?;
@@ -535,11 +636,11 @@ impl Demo {
             self.cluster.pid(old).unwrap_or(0)
         ));
         let target = commit.max(reference.last().map_or(0, |r| r.index));
-        let cluster = &self.cluster;
+        let (cluster, clients) = (&self.cluster, &self.clients);
         let caught_up = bounded("catching up", self.timeout(), async {
             loop {
                 check_alive(cluster)?;
-                if let Some(s) = status_of(cluster, old).await
+                if let Some(s) = status_of(cluster, clients, old).await
                     && s.applied_index >= target
                     && s.leader_id != 0
                 {
@@ -705,6 +806,16 @@ impl Demo {
                 self.base.display()
             ));
         }
+        if let Some(files) = &self.tls {
+            say(format!(
+                "    TLS: the CA, the nodes' and the client's certificates and keys in {} \
+                 (a client: `ringraft status --endpoints ... --ca {} --cert {} --key {}`)",
+                self.base.join("tls").display(),
+                files.ca.display(),
+                files.cert.display(),
+                files.key.display()
+            ));
+        }
         let data_dir = self.place(1).map(|p| p.data_dir.display().to_string());
         say(format!(
             "    (e.g. `ringraft wal check --data-dir {}`; remove {} when done)",
@@ -749,10 +860,17 @@ pub async fn run(config: DemoConfig) -> ExitCode {
     let prepared = prepare(&config).and_then(|base| {
         let exe =
             std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
-        let cluster = demo_cluster(exe, &base, &config.durability)?;
-        Ok((base, cluster))
+        let (tls_args, tls) = match config.tls {
+            true => {
+                let (args, files, client) = demo_tls(&base)?;
+                (args, Some((files, client)))
+            }
+            false => (Vec::new(), None),
+        };
+        let cluster = demo_cluster(exe, &base, &config.durability, tls_args)?;
+        Ok((base, cluster, tls))
     });
-    let (base, cluster) = match prepared {
+    let (base, cluster, tls) = match prepared {
         Ok(p) => p,
         Err(e) => {
             eprintln!("ringraft demo: {e}");
@@ -765,10 +883,22 @@ pub async fn run(config: DemoConfig) -> ExitCode {
         config.durability,
         config.step_timeout.as_secs()
     ));
+    if let Some((files, _)) = &tls {
+        say(format!(
+            "    TLS on the client API (rustls), client certificates required: a throwaway CA in {}",
+            files.ca.display()
+        ));
+    }
     say(format!("    data and logs: {}", base.display()));
     let run = rand::random::<u32>();
+    let (tls, clients) = match tls {
+        Some((files, client)) => (Some(files), Clients { tls: Some(client) }),
+        None => (None, Clients::default()),
+    };
     let mut demo = Demo {
         cluster: Arc::new(cluster),
+        clients,
+        tls,
         config,
         base,
         run,

@@ -10,4 +10,5 @@ mod faults;
 mod harness;
 mod log;
 mod slowloris;
+mod tls;
 mod tools;
