@@ -254,9 +254,8 @@ pub fn encode_entries(entries: &[crate::types::Entry]) -> Result<Vec<u8>, String
 /// Decodes the entries of a two-sided AppendEntries; bytes from the
 /// network, so any error is reported.
 pub fn decode_entries(bytes: &[u8]) -> Result<Vec<crate::types::Entry>, String> {
-    let config = bincode::config::standard().with_limit::<{ MAX_INLINE_BATCH_BYTES as usize }>();
     let (entries, used): (Vec<crate::types::Entry>, usize) =
-        bincode::serde::decode_from_slice(bytes, config)
+        ringraft_transport::bounded::decode(bytes, MAX_INLINE_BATCH_BYTES as usize)
             .map_err(|e| format!("malformed entries: {e}"))?;
     if used != bytes.len() {
         return Err("trailing bytes after the entries".into());
@@ -266,7 +265,7 @@ pub fn decode_entries(bytes: &[u8]) -> Result<Vec<crate::types::Entry>, String> 
 
 /// Decodes a message; bytes from the network, so any error is reported.
 pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, String> {
-    let (message, used) = bincode::serde::decode_from_slice(bytes, config())
+    let (message, used) = ringraft_transport::bounded::decode(bytes, MAX_MESSAGE_BYTES as usize)
         .map_err(|e| format!("malformed message: {e}"))?;
     if used != bytes.len() {
         return Err("trailing bytes after a message".into());

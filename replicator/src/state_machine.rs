@@ -266,9 +266,12 @@ fn io_err(e: impl std::fmt::Display) -> io::Error {
 }
 
 fn decode_body(bytes: &[u8]) -> io::Result<SnapshotBody> {
-    let config = bincode::config::standard().with_limit::<{ MAX_SNAPSHOT_BYTES as usize }>();
-    let (body, used): (SnapshotBody, usize) = bincode::serde::decode_from_slice(bytes, config)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("bad snapshot: {e}")))?;
+    // Bounded by what the bytes can hold, not only by the 4 GiB limit: a
+    // short body claiming a huge string must not allocate it.
+    let (body, used): (SnapshotBody, usize) =
+        ringraft_transport::bounded::decode(bytes, MAX_SNAPSHOT_BYTES as usize).map_err(|e| {
+            io::Error::new(io::ErrorKind::InvalidData, format!("bad snapshot: {e}"))
+        })?;
     if used != bytes.len() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,

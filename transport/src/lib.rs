@@ -29,8 +29,11 @@
 
 mod api;
 mod bootstrap;
+pub mod bounded;
 mod entropy;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod gate;
 pub mod handshake;
 pub mod inproc;

@@ -154,7 +154,7 @@ async fn read_frames(
             Ok(body) => body,
             Err(e) => break format!("read from {peer}: {e}"),
         };
-        match bincode::serde::decode_from_slice::<Frame, _>(&body, codec()) {
+        match decode_frame(&body) {
             Ok((frame, used)) if used == len => {
                 if !inbound.frame(frame) {
                     return;
@@ -194,6 +194,12 @@ async fn read_body<R: tokio::io::AsyncBufRead + Unpin>(
         return Err(std::io::ErrorKind::UnexpectedEof.into());
     }
     Ok(body)
+}
+
+/// Decodes a frame's body; a length inside it claims at most what the body
+/// can hold ([`crate::bounded`]).
+pub(crate) fn decode_frame(body: &[u8]) -> Result<(Frame, usize), bincode::error::DecodeError> {
+    crate::bounded::decode(body, MAX_FRAME_BYTES)
 }
 
 /// Whether `buffered` starts with a whole frame (length and body).

@@ -425,16 +425,12 @@ fn control_words(control: &[u8], ring_path: &Path) -> Result<ControlWords> {
     }
     // The ring is scanned from its head word, like recovery does: what lies
     // before it is in the segments.
-    if head_word > crate::layout::MAX_LSN {
-        return Err(WalError::Layout {
-            path: ring_path.to_path_buf(),
-            source: crate::error::LayoutError::OutOfRange {
-                field: "head",
-                value: head_word,
-                rule: "an lsn is at most MAX_LSN",
-            },
-        });
-    }
+    // A log position: line aligned and at most MAX_LSN (scanning from
+    // anything else is a bug the scan asserts against).
+    crate::layout::check_lsn("head", head_word).map_err(|source| WalError::Layout {
+        path: ring_path.to_path_buf(),
+        source,
+    })?;
     Ok(ControlWords {
         fence,
         head_word,

@@ -465,6 +465,14 @@ fn recovered_damage(ring: &Ring, acked: Option<u64>, durable: Damage, scanned: D
     };
     match (durable, scanned) {
         (d @ Damage::CorruptInside(_), _) => d,
+        // The whole log (segments and ring) breaks where it ends, whatever
+        // the ring alone reached (the offline checker says the same).
+        (_, Damage::CorruptInside(e @ Evidence::BelowWatermark { acked, .. })) if !covered(e) => {
+            Damage::CorruptInside(Evidence::BelowWatermark {
+                acked,
+                recovered_next_index: log_next,
+            })
+        }
         (_, d @ Damage::CorruptInside(e)) if !covered(e) => d,
         (a, b) => {
             let next_index = ring.next_index();

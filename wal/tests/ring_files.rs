@@ -185,6 +185,78 @@ fn corruption_below_the_watermark_is_reported_and_checked() {
     );
 }
 
+/// Found by the `open` fuzz target (issue 15): recovery that emptied the
+/// ring (its first record damaged) lowered the acknowledged watermark to
+/// what it recovered, so the next open found nothing wrong and the node
+/// would grant votes with acknowledged entries missing. The watermark is
+/// kept, and the second open says what the first said (and what the
+/// offline check says: the whole log breaks at its end, index 0 here).
+#[test]
+fn a_log_that_recovery_leaves_below_the_watermark_stays_corrupt_on_the_next_open() {
+    let dir = tempdir();
+    twenty_entries_acked_to(dir.path(), 19);
+    let first_lsn = open(dir.path()).ring().read(0).unwrap().lsn;
+    // Flip a payload bit of the first entry: the ring's scan finds nothing.
+    let ring = ring_file(dir.path());
+    let at = CONTROL_BLOCK_BYTES as u64 + first_lsn + 100;
+    let mut b = [0u8];
+    ring.read_exact_at(&mut b, at).unwrap();
+    ring.write_all_at(&[b[0] ^ 8], at).unwrap();
+    let below = Damage::CorruptInside(Evidence::BelowWatermark {
+        acked: 19,
+        recovered_next_index: 0,
+    });
+    assert_eq!(check(dir.path()).unwrap().damage, below);
+    let wal = open(dir.path());
+    assert_eq!(wal.recovery().damage, below);
+    drop(wal);
+    let again = open(dir.path());
+    assert_eq!(again.recovery().damage, below, "forgotten on the next open");
+    assert_eq!(again.ring().acked(), Some(19));
+}
+
+/// The `open` fuzz target's case (issue 15): the segments hold entries
+/// 0..=15, the ring's first record is damaged, the watermark is 19.
+/// `Wal::open` said the log breaks at index 0 (where the ring alone
+/// ended), the offline check at 16 (where the whole log ends): they agree
+/// now, on 16, and the watermark stays.
+#[test]
+fn open_and_check_agree_where_the_whole_log_breaks_below_the_watermark() {
+    let dir = tempdir();
+    let e = epoch(1, 1);
+    let mut wal = open_fenced(dir.path(), e);
+    append_n(wal.ring_mut(), e, 1, 20, |_| 200);
+    wal.ring_mut().sync_and_ack(19).unwrap();
+    // The segments take entries 0..=15, as the flusher copies them.
+    let mut records = Vec::new();
+    assert_eq!(
+        wal.ring().copy_records(0, usize::MAX, &mut records),
+        Some(19)
+    );
+    let record_len = records.len() / 20;
+    let first_lsn = wal.ring().read(0).unwrap().lsn;
+    let mut segments = wal.take_segments().unwrap();
+    segments.append(&[&records[..16 * record_len]]).unwrap();
+    segments.sync().unwrap();
+    drop((segments, wal));
+    // Flip a payload bit of the ring's first record: the ring gives nothing.
+    let ring = ring_file(dir.path());
+    let at = CONTROL_BLOCK_BYTES as u64 + first_lsn + 100;
+    let mut b = [0u8];
+    ring.read_exact_at(&mut b, at).unwrap();
+    ring.write_all_at(&[b[0] ^ 8], at).unwrap();
+    let below = Damage::CorruptInside(Evidence::BelowWatermark {
+        acked: 19,
+        recovered_next_index: 16,
+    });
+    let report = check(dir.path()).unwrap();
+    assert_eq!(report.damage, below, "{report}");
+    let wal = open(dir.path());
+    assert_eq!(wal.recovery().damage, below, "{:?}", wal.recovery());
+    assert_eq!(wal.ring().next_index(), 16);
+    assert_eq!(wal.ring().acked(), Some(19));
+}
+
 #[test]
 fn an_unacknowledged_torn_tail_is_not_corruption() {
     let dir = tempdir();

@@ -78,10 +78,17 @@ impl Payloads {
     }
 }
 
+/// The most a record's payload may claim while it decodes (a record holds
+/// far less: `max_record_bytes`).
+const PAYLOAD_CLAIM_CAP: usize = 1 << 30;
+
 /// Decodes a ring record's payload into an openraft entry.
 pub fn decode_entry(term: u64, index: u64, bytes: &[u8]) -> io::Result<Entry> {
     let (payload, used): (openraft::alias::PayloadOf<TypeConfig>, usize) =
-        bincode::serde::decode_from_slice(bytes, bincode::config::standard()).map_err(|e| {
+        // Bounded by what the payload can hold: a length in it cannot make
+        // an allocation larger than that (a record's payload comes from the
+        // network when a leader WRITEs it).
+        ringraft_transport::bounded::decode(bytes, PAYLOAD_CLAIM_CAP).map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("entry {index}: undecodable payload: {e}"),

@@ -387,7 +387,7 @@ pub fn ring_dir_of(dir: &Path) -> PathBuf {
 }
 
 /// Empties `dir` (a scratch data directory) and its ring dir of the wal's
-/// files.
+/// files and directories (the segment log is a directory, `log/`).
 pub fn clear_dir(dir: &Path) {
     for d in [dir.to_path_buf(), ring_dir_of(dir)] {
         let Ok(entries) = fs::read_dir(&d) else {
@@ -395,7 +395,11 @@ pub fn clear_dir(dir: &Path) {
         };
         for entry in entries {
             let path: PathBuf = entry.expect("a directory entry").path();
-            fs::remove_file(&path).expect("remove a scratch file");
+            if path.is_dir() {
+                fs::remove_dir_all(&path).expect("remove a scratch directory");
+            } else {
+                fs::remove_file(&path).expect("remove a scratch file");
+            }
         }
     }
 }

@@ -15,7 +15,7 @@ use memmap2::{MmapMut, MmapOptions};
 
 use crate::control_word::HeadWord;
 use crate::error::{LayoutError, Result, WalError};
-use crate::layout::{CONTROL_BLOCK_BYTES, MAX_LSN, RING_HEADER_BYTES, RingHeader, check_index};
+use crate::layout::{CONTROL_BLOCK_BYTES, RING_HEADER_BYTES, RingHeader, check_index};
 use crate::meta::sync_dir;
 use crate::recovery::{ScanInput, ScanReport, scan};
 use crate::validate::{ChainTip, Geometry};
@@ -92,16 +92,12 @@ impl Ring {
         // Check the control words before writing anything.
         let head_word =
             HeadWord::from_word(ring.word(HeadWord::OFFSET).load(Ordering::Acquire)).lsn();
-        if head_word > MAX_LSN {
-            return Err(WalError::Layout {
-                path: path.to_path_buf(),
-                source: LayoutError::OutOfRange {
-                    field: "head",
-                    value: head_word,
-                    rule: "an lsn is at most MAX_LSN",
-                },
-            });
-        }
+        // A log position: line aligned and at most MAX_LSN (the scan
+        // below asserts it).
+        crate::layout::check_lsn("head", head_word).map_err(|source| WalError::Layout {
+            path: path.to_path_buf(),
+            source,
+        })?;
         ring.head_lsn = head_word;
         check_index_words(path, &ring)?;
         ring.write_control(0, &header.encode());

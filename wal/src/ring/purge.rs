@@ -190,14 +190,24 @@ impl Ring {
     /// alias it. For a truncation below the ring's first entry (the entries
     /// kept are all in the segments) and for recovery.
     pub fn reset_after(&mut self, anchor: Option<LogPos>) {
+        self.empty_from_head(anchor);
+        let acked = self.word(ACKED_OFFSET);
+        acked.fetch_min(encode_index_word(anchor.map(|a| a.index)), Ordering::AcqRel);
+    }
+
+    /// [`Ring::reset_after`] for recovery: the acknowledged watermark stays
+    /// where it was. It is the evidence of what this node acknowledged: a
+    /// log that recovery leaves below it is corrupt inside, and must stay
+    /// so on the next open too (the node grants no vote until a leader
+    /// re-replicates past it), not be forgotten because this open lowered
+    /// the watermark to what it found.
+    fn empty_from_head(&mut self, anchor: Option<LogPos>) {
         self.zero_range(self.head_lsn, self.tail_lsn);
         self.slots.clear();
         self.anchor = anchor;
         self.first_index = anchor.map_or(0, |a| a.index + 1);
         self.tip = ChainTip::after(anchor);
         self.tail_lsn = self.head_lsn;
-        let acked = self.word(ACKED_OFFSET);
-        acked.fetch_min(encode_index_word(anchor.map(|a| a.index)), Ordering::AcqRel);
     }
 
     /// Recovery: joins the ring's records (as [`Ring::open`] found them) to
@@ -262,7 +272,7 @@ impl Ring {
                 if durable_next > self.tip.next_index {
                     // The segments reach further (the ring's scan stopped
                     // early: damage the segments do not share).
-                    self.reset_after(durable_last);
+                    self.empty_from_head(durable_last);
                     self.move_empty_window(durable_lsn_end);
                 }
                 Anchoring {
@@ -283,7 +293,7 @@ impl Ring {
         durable_lsn_end: u64,
         dropped: u64,
     ) -> Anchoring {
-        self.reset_after(base);
+        self.empty_from_head(base);
         self.move_empty_window(durable_lsn_end);
         Anchoring {
             flush_from: base.map_or(0, |b| b.index + 1),
