@@ -67,6 +67,22 @@ async fn member_connects(listener: &mut Listener, addr: &str, config: &ConnConfi
     drop(accepted);
 }
 
+/// Node 2 with `limits`, listening on loopback with `config`: the device,
+/// its listener and the address.
+async fn listening(limits: DeviceLimits, config: &ConnConfig) -> (Device, Listener, String) {
+    let server = device(2, limits);
+    let listener = server
+        .listen(
+            "127.0.0.1:0",
+            config.clone(),
+            reveal_to_all(b"rkeys".to_vec()),
+        )
+        .await
+        .unwrap();
+    let addr = listener.local_addr();
+    (server, listener, addr)
+}
+
 async fn wait_for_rejected(listener: &Listener, count: u64) {
     tokio::time::timeout(SAFETY_NET, async {
         while listener.rejected() < count {
@@ -91,16 +107,7 @@ async fn strangers_holding_every_unproven_place_never_keep_a_member_out() {
         handshake_timeout: SAFETY_NET,
         ..suite_config()
     };
-    let server = device(2, limits);
-    let mut listener = server
-        .listen(
-            "127.0.0.1:0",
-            config.clone(),
-            reveal_to_all(b"rkeys".to_vec()),
-        )
-        .await
-        .unwrap();
-    let addr = listener.local_addr();
+    let (_server, mut listener, addr) = listening(limits, &config).await;
     // The member has proven the secret once: its source is known.
     member_connects(&mut listener, &addr, &config).await;
 
@@ -139,16 +146,7 @@ async fn a_stranger_dripping_bytes_is_closed_when_its_time_to_prove_runs_out() {
         handshake_timeout: Duration::from_secs(600),
         ..suite_config()
     };
-    let server = device(2, DeviceLimits::default());
-    let mut listener = server
-        .listen(
-            "127.0.0.1:0",
-            config.clone(),
-            reveal_to_all(b"rkeys".to_vec()),
-        )
-        .await
-        .unwrap();
-    let addr = listener.local_addr();
+    let (_server, mut listener, addr) = listening(DeviceLimits::default(), &config).await;
     let mut drip = from(2, &addr).await;
     // A frame length of 60,000 bytes, then its body one byte at a time:
     // every read the server makes gets something, and the frame would take

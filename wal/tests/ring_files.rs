@@ -22,6 +22,16 @@ fn twenty_entries_acked_to(dir: &Path, acked: u64) -> u64 {
     wal.ring().read(19).unwrap().lsn
 }
 
+/// Flips a bit of the payload of the record at `lsn` behind the ring's
+/// back: its CRC no longer matches.
+fn flip_a_payload_bit(dir: &Path, lsn: u64) {
+    let ring = ring_file(dir);
+    let at = CONTROL_BLOCK_BYTES as u64 + lsn + 100;
+    let mut b = [0u8];
+    ring.read_exact_at(&mut b, at).unwrap();
+    ring.write_all_at(&[b[0] ^ 8], at).unwrap();
+}
+
 #[test]
 fn the_vote_and_commit_survive_and_foreign_directories_are_refused() {
     let dir = tempdir();
@@ -155,11 +165,7 @@ fn corruption_below_the_watermark_is_reported_and_checked() {
     assert!(!clean.corrupt_in_acknowledged_range());
     assert!(format!("{clean}").contains("index 0..=19"));
     // Flip a payload bit of the last (acknowledged) entry.
-    let ring = ring_file(dir.path());
-    let at = CONTROL_BLOCK_BYTES as u64 + lsn + 100;
-    let mut b = [0u8];
-    ring.read_exact_at(&mut b, at).unwrap();
-    ring.write_all_at(&[b[0] ^ 8], at).unwrap();
+    flip_a_payload_bit(dir.path(), lsn);
     let before = std::fs::read(ring_path(dir.path())).unwrap();
     let report = check(dir.path()).unwrap();
     assert_eq!(
@@ -197,11 +203,7 @@ fn a_log_that_recovery_leaves_below_the_watermark_stays_corrupt_on_the_next_open
     twenty_entries_acked_to(dir.path(), 19);
     let first_lsn = open(dir.path()).ring().read(0).unwrap().lsn;
     // Flip a payload bit of the first entry: the ring's scan finds nothing.
-    let ring = ring_file(dir.path());
-    let at = CONTROL_BLOCK_BYTES as u64 + first_lsn + 100;
-    let mut b = [0u8];
-    ring.read_exact_at(&mut b, at).unwrap();
-    ring.write_all_at(&[b[0] ^ 8], at).unwrap();
+    flip_a_payload_bit(dir.path(), first_lsn);
     let below = Damage::CorruptInside(Evidence::BelowWatermark {
         acked: 19,
         recovered_next_index: 0,
@@ -240,11 +242,7 @@ fn open_and_check_agree_where_the_whole_log_breaks_below_the_watermark() {
     segments.sync().unwrap();
     drop((segments, wal));
     // Flip a payload bit of the ring's first record: the ring gives nothing.
-    let ring = ring_file(dir.path());
-    let at = CONTROL_BLOCK_BYTES as u64 + first_lsn + 100;
-    let mut b = [0u8];
-    ring.read_exact_at(&mut b, at).unwrap();
-    ring.write_all_at(&[b[0] ^ 8], at).unwrap();
+    flip_a_payload_bit(dir.path(), first_lsn);
     let below = Damage::CorruptInside(Evidence::BelowWatermark {
         acked: 19,
         recovered_next_index: 16,
