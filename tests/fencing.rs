@@ -663,3 +663,63 @@ async fn a_peer_past_a_limit_or_claiming_another_vote_is_closed_and_the_node_sta
     assert!(matches!(vote, Reply::Voted(_)), "{vote:?}");
     node.shutdown().await;
 }
+
+/// Issue 15, item 2: the fence holder's two-sided batch is buffered up to
+/// 256 entries of `max_record_bytes` (64 KiB here: about 16.8 MiB); the
+/// part that would pass it is answered with the reason and the connection
+/// closed, and node 2 takes the next connection.
+#[tokio::test(flavor = "current_thread")]
+async fn a_two_sided_batch_past_its_limit_closes_the_connection_and_the_node_stays_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let fabric = inproc::Fabric::new(1);
+    let node = start_node(&fabric, dir.path(), Hooks::new()).await;
+    let leader = Scripted::new(&fabric, 1);
+    let link = leader.connect().await;
+    link.fence_and_grant(leader.epoch(1)).await;
+    // Parts that fit the scripted connection's messages (64 KiB).
+    const PART_BYTES: usize = 60 << 10;
+    const PARTS: u32 = 400;
+    let part = |part: u32| Request::Append {
+        vote: leader.vote(1),
+        prev_log_id: None,
+        leader_commit: None,
+        epoch: leader.epoch(1),
+        body: AppendBody::Inline {
+            part,
+            parts: PARTS,
+            bytes: vec![0; PART_BYTES],
+        },
+    };
+    let limit = node_limit();
+    let mut stored = 0u64;
+    let reason = loop {
+        match link.call(&part(stored as u32)).await {
+            Reply::PartStored => stored += 1,
+            Reply::Error(reason) => break reason,
+            other => panic!("part {stored}: {other:?}"),
+        }
+        assert!(stored < u64::from(PARTS), "{PARTS} parts were all stored");
+    };
+    assert!(
+        reason.contains(&format!("above the limit of {limit}")),
+        "{reason}"
+    );
+    assert_eq!(stored, limit / PART_BYTES as u64);
+    let next = tokio::time::timeout(T, link.conn.recv())
+        .await
+        .expect("closed in time");
+    assert!(next.is_err(), "the connection stays open: {next:?}");
+    let again = leader.connect().await;
+    let vote = again
+        .call(&Request::Vote(VoteRequest::new(Vote::new(2, 1), None)))
+        .await;
+    assert!(matches!(vote, Reply::Voted(_)), "{vote:?}");
+    node.shutdown().await;
+}
+
+/// The two-sided batch limit of `start_node`'s node 2.
+fn node_limit() -> u64 {
+    let mut config = NodeConfig::new(2, "unused", "node2");
+    config.max_record_bytes = 64 << 10;
+    config.inline_batch_limit()
+}
