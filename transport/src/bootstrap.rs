@@ -26,8 +26,9 @@ use tokio::sync::mpsc;
 
 use crate::api::AcceptPolicy;
 use crate::error::{Result, TransportError};
-use crate::gate::{Gate, Quiet};
+use crate::gate::Gate;
 use crate::handshake::{self, Accepted};
+use crate::throttle::Throttle;
 use crate::types::ConnConfig;
 
 /// Authenticated connections waiting for `accept`.
@@ -189,6 +190,14 @@ pub(crate) async fn probe(addr: &str, timeout: Duration) -> crate::Probe {
     }
 }
 
+/// `Some(n)` when a line about the `n` failures since the last is due.
+fn due(throttle: &std::sync::Mutex<Throttle>) -> Option<u64> {
+    throttle
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .note(tokio::time::Instant::now())
+}
+
 /// Waits for `stream`'s first byte: `Ok(false)` when the peer closed it
 /// before sending one (a [`probe`], not a connection attempt: the client
 /// speaks first in every handshake).
@@ -215,7 +224,7 @@ async fn accept_loop<D: Accept>(
     config: ConnConfig,
     policy: AcceptPolicy,
 ) {
-    let quiet = Arc::new(Quiet::new(UNPROVEN_LOG_PERIOD));
+    let quiet = Arc::new(std::sync::Mutex::new(Throttle::new(UNPROVEN_LOG_PERIOD)));
     loop {
         let (mut stream, peer) = match listener.accept().await {
             Ok(x) => x,
@@ -232,8 +241,8 @@ async fn accept_loop<D: Accept>(
                 // Closed at once: the loop never waits on a stranger.
                 drop(stream);
                 device.rejected().fetch_add(1, Ordering::Relaxed);
-                if let Some(held) = quiet.admit(std::time::Instant::now()) {
-                    tracing::warn!(%peer, %refusal, held_back = held, "{}: closed at once", D::REJECTED_WHAT);
+                if let Some(failures) = due(&quiet) {
+                    tracing::warn!(%peer, %refusal, failures, "{}: closed at once", D::REJECTED_WHAT);
                 }
                 continue;
             }
@@ -265,8 +274,8 @@ async fn accept_loop<D: Accept>(
                 }
                 Err(error) => {
                     device.rejected().fetch_add(1, Ordering::Relaxed);
-                    if let Some(held) = quiet.admit(std::time::Instant::now()) {
-                        tracing::warn!(%peer, %error, held_back = held, "{}", D::REJECTED_WHAT);
+                    if let Some(failures) = due(&quiet) {
+                        tracing::warn!(%peer, %error, failures, "{}", D::REJECTED_WHAT);
                     }
                     return;
                 }

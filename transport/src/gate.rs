@@ -13,15 +13,17 @@
 //! member's address can hold that address's slots (the README's threat
 //! model says so).
 //!
+//! Sources are counted as [`Source`]s: an IPv4 address, or an IPv6 /64.
+//!
 //! Owns the counts and the set of member sources (bounded: the oldest is
-//! forgotten first). Never: wait, read a stream, or log per connection
-//! (a flood would be a flood of lines: [`Quiet`] counts and summarises).
+//! forgotten first). Never: wait, read a stream, or log (the accept loop
+//! logs through a [`crate::Throttle`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
+use crate::source::Source;
 use crate::types::DeviceLimits;
 
 /// Member sources remembered, at most; the oldest is forgotten first.
@@ -37,13 +39,13 @@ pub(crate) struct Gate {
 #[derive(Default)]
 struct State {
     /// Unproven connections per source address.
-    per_source: HashMap<IpAddr, u32>,
+    per_source: HashMap<Source, u32>,
     /// Unproven connections from sources that are not members (the ones
     /// the total cap counts).
     strangers: u32,
-    members: HashSet<IpAddr>,
+    members: HashSet<Source>,
     /// `members` in the order they were learnt.
-    member_order: VecDeque<IpAddr>,
+    member_order: VecDeque<Source>,
 }
 
 /// Why the gate turned a connection away.
@@ -74,7 +76,7 @@ impl std::fmt::Display for Refusal {
 /// (the handshake failed, timed out, or the peer proved the secret).
 pub(crate) struct Unproven {
     gate: Arc<Gate>,
-    source: IpAddr,
+    source: Source,
     stranger: bool,
 }
 
@@ -89,7 +91,8 @@ impl Gate {
     }
 
     /// Lets a new connection from `source` in, unproven, or says why not.
-    pub(crate) fn enter(self: &Arc<Gate>, source: IpAddr) -> Result<Unproven, Refusal> {
+    pub(crate) fn enter(self: &Arc<Gate>, ip: IpAddr) -> Result<Unproven, Refusal> {
+        let source = Source::of(ip);
         let mut state = self.state.lock().expect("gate lock");
         let stranger = !state.members.contains(&source);
         let from_source = state.per_source.get(&source).copied().unwrap_or(0);
@@ -111,7 +114,11 @@ impl Gate {
     }
 
     /// Remembers `source` as a member's: a peer there proved the secret.
-    pub(crate) fn learn(&self, source: IpAddr) {
+    pub(crate) fn learn(&self, ip: IpAddr) {
+        self.remember(Source::of(ip));
+    }
+
+    fn remember(&self, source: Source) {
         let mut state = self.state.lock().expect("gate lock");
         if !state.members.insert(source) {
             return;
@@ -126,10 +133,10 @@ impl Gate {
 
     /// Unproven connections open now: (from `source`, from strangers).
     #[cfg(test)]
-    fn open(&self, source: IpAddr) -> (u32, u32) {
+    fn open(&self, ip: IpAddr) -> (u32, u32) {
         let state = self.state.lock().expect("gate lock");
         (
-            state.per_source.get(&source).copied().unwrap_or(0),
+            state.per_source.get(&Source::of(ip)).copied().unwrap_or(0),
             state.strangers,
         )
     }
@@ -139,7 +146,7 @@ impl Unproven {
     /// The peer proved the secret: its source becomes a member's, and its
     /// place is given back.
     pub(crate) fn proven(self) {
-        self.gate.learn(self.source);
+        self.gate.remember(self.source);
     }
 }
 
@@ -156,41 +163,6 @@ impl Drop for Unproven {
         }
         if self.stranger {
             state.strangers -= 1;
-        }
-    }
-}
-
-/// Logs failures at most once per `every`, counting the ones it held
-/// back: a flood of failed attempts makes one line per period, not one per
-/// attempt.
-pub(crate) struct Quiet {
-    every: Duration,
-    state: Mutex<(Option<Instant>, u64)>,
-}
-
-impl Quiet {
-    /// One line per `every` at most.
-    pub(crate) fn new(every: Duration) -> Quiet {
-        Quiet {
-            every,
-            state: Mutex::new((None, 0)),
-        }
-    }
-
-    /// Whether to log now; `Some(n)` with the number of failures held back
-    /// since the last line.
-    pub(crate) fn admit(&self, now: Instant) -> Option<u64> {
-        let mut state = self.state.lock().expect("quiet lock");
-        let (last, held) = &mut *state;
-        match last {
-            Some(at) if now.saturating_duration_since(*at) < self.every => {
-                *held += 1;
-                None
-            }
-            _ => {
-                *last = Some(now);
-                Some(std::mem::take(held))
-            }
         }
     }
 }
@@ -256,6 +228,18 @@ mod tests {
     }
 
     #[test]
+    fn an_ipv6_host_is_one_source_whatever_address_of_its_64_it_uses() {
+        let gate = gate(100, 2);
+        let a = |last: u16| IpAddr::from([0x2001, 0xdb8, 1, 2, 0, 0, 0, last]);
+        let _held = [gate.enter(a(1)).unwrap(), gate.enter(a(2)).unwrap()];
+        assert_eq!(gate.enter(a(3)).err(), Some(Refusal::PerSource(2)));
+        assert!(
+            gate.enter(IpAddr::from([0x2001, 0xdb8, 1, 3, 0, 0, 0, 1]))
+                .is_ok()
+        );
+    }
+
+    #[test]
     fn the_oldest_member_source_is_forgotten_first() {
         let gate = gate(0, 4);
         for i in 0..=MEMBER_SOURCES as u32 {
@@ -263,16 +247,5 @@ mod tests {
         }
         assert!(gate.enter(IpAddr::from(0u32.to_be_bytes())).is_err());
         assert!(gate.enter(IpAddr::from(1u32.to_be_bytes())).is_ok());
-    }
-
-    #[test]
-    fn quiet_logs_once_per_period_and_counts_what_it_held_back() {
-        let quiet = Quiet::new(Duration::from_secs(10));
-        let t0 = Instant::now();
-        assert_eq!(quiet.admit(t0), Some(0));
-        assert_eq!(quiet.admit(t0 + Duration::from_secs(1)), None);
-        assert_eq!(quiet.admit(t0 + Duration::from_secs(9)), None);
-        assert_eq!(quiet.admit(t0 + Duration::from_secs(10)), Some(2));
-        assert_eq!(quiet.admit(t0 + Duration::from_secs(11)), None);
     }
 }

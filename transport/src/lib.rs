@@ -39,7 +39,9 @@ pub mod handshake;
 pub mod inproc;
 mod limits;
 mod soft;
+pub mod source;
 pub mod tcp;
+pub mod throttle;
 pub mod types;
 mod work;
 
@@ -53,6 +55,8 @@ pub use api::{
 };
 pub use error::{Result, TransportError, WcError};
 pub use handshake::{PeerInfo, Secret};
+pub use source::Source;
+pub use throttle::Throttle;
 pub use types::{
     Access, AtomicCapability, Backend, ConnConfig, DeviceLimits, Received, RemoteAddr, RemoteRegion,
 };

@@ -22,13 +22,14 @@
 //! decides what a client may do once connected.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use ringraft_transport::{Source, Throttle};
 use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -133,39 +134,6 @@ pub enum Refusal {
     Total,
 }
 
-/// What connections are counted by: an IPv4 address (also one mapped into
-/// IPv6), or the /64 prefix of an IPv6 address (one host usually has a
-/// whole /64).
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum Source {
-    /// An IPv4 address.
-    V4(Ipv4Addr),
-    /// The upper 64 bits of an IPv6 address.
-    V6Prefix(u64),
-}
-
-impl Source {
-    /// The source of a peer at `ip`.
-    pub fn of(ip: IpAddr) -> Source {
-        match ip.to_canonical() {
-            IpAddr::V4(v4) => Source::V4(v4),
-            IpAddr::V6(v6) => Source::V6Prefix((u128::from(v6) >> 64) as u64),
-        }
-    }
-}
-
-impl std::fmt::Display for Source {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Source::V4(v4) => write!(f, "{v4}"),
-            Source::V6Prefix(prefix) => {
-                let net = std::net::Ipv6Addr::from(u128::from(*prefix) << 64);
-                write!(f, "{net}/64")
-            }
-        }
-    }
-}
-
 /// The open connections of a port, by source: admits a connection within
 /// the caps, and forgets it when its [`Permit`] is dropped.
 #[derive(Debug)]
@@ -253,39 +221,6 @@ impl Drop for Permit {
             None => unreachable!("a permit of a source the gate does not count"),
         }
         self.gate.stats.open.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Lets one line through per period: the first event at once, then the
-/// next one a period later, with the count of those held back meanwhile.
-#[derive(Debug)]
-pub struct Throttle {
-    period: Duration,
-    next_at: Option<Instant>,
-    held: u64,
-}
-
-impl Throttle {
-    /// One line per `period`.
-    pub fn new(period: Duration) -> Throttle {
-        Throttle {
-            period,
-            next_at: None,
-            held: 0,
-        }
-    }
-
-    /// Notes an event at `now`: `Some(n)` when it is to be logged now, for
-    /// `n` events (this one and those held back since the last line).
-    pub fn note(&mut self, now: Instant) -> Option<u64> {
-        self.held += 1;
-        match self.next_at {
-            Some(next_at) if now < next_at => None,
-            _ => {
-                self.next_at = Some(now + self.period);
-                Some(std::mem::take(&mut self.held))
-            }
-        }
     }
 }
 
@@ -885,42 +820,6 @@ mod tests {
         assert_eq!(stats.refused_per_source.load(Ordering::Relaxed), 1);
         assert_eq!(stats.refused_total.load(Ordering::Relaxed), 1);
         assert_eq!(stats.open.load(Ordering::Relaxed), 0);
-    }
-
-    #[test]
-    fn ipv6_sources_are_their_64_prefix_and_mapped_ipv4_is_ipv4() {
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        assert_eq!(
-            Source::of(ip("2001:db8:1:2::1")),
-            Source::of(ip("2001:db8:1:2:ffff::9"))
-        );
-        assert_ne!(
-            Source::of(ip("2001:db8:1:2::1")),
-            Source::of(ip("2001:db8:1:3::1"))
-        );
-        assert_eq!(
-            Source::of(ip("::ffff:10.1.2.3")),
-            Source::of(ip("10.1.2.3"))
-        );
-        assert_eq!(
-            Source::of(ip("2001:db8:1:2::1")).to_string(),
-            "2001:db8:1:2::/64"
-        );
-    }
-
-    #[test]
-    fn the_throttle_lets_one_line_through_per_period_with_the_count() {
-        let start = Instant::now();
-        let mut t = Throttle::new(Duration::from_secs(10));
-        assert_eq!(t.note(start), Some(1), "the first at once");
-        assert_eq!(t.note(start + Duration::from_secs(1)), None);
-        assert_eq!(t.note(start + Duration::from_secs(9)), None);
-        assert_eq!(
-            t.note(start + Duration::from_secs(10)),
-            Some(3),
-            "a period later, with those held back"
-        );
-        assert_eq!(t.note(start + Duration::from_secs(11)), None);
     }
 
     #[test]

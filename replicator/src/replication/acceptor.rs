@@ -191,6 +191,15 @@ impl Acceptor {
 
     /// What `request` asks of the node in the state `node`.
     pub fn on_request(&mut self, request: Request, node: &NodeView) -> Step {
+        if let Some(vote) = claimed_vote(&request)
+            && vote.leader_id.voted_for != self.peer
+        {
+            // A member claiming to be another.
+            return Step::Close(format!(
+                "node {} sent a vote for node {}",
+                self.peer, vote.leader_id.voted_for
+            ));
+        }
         match request {
             Request::Grant { epoch } if epoch.leader_id() != self.peer => Step::Reply(
                 Reply::Error(format!("epoch {epoch} is not node {}'s", self.peer)),
@@ -203,20 +212,12 @@ impl Acceptor {
                 epoch,
                 body,
             } => {
-                if let Some(close) = self.not_the_peers(&vote) {
-                    return close;
-                }
                 let meta = AppendMeta {
                     vote,
                     prev_log_id,
                     leader_commit,
                 };
                 self.on_append(meta, epoch, body, node)
-            }
-            Request::Vote(request) | Request::PreVote(request)
-                if self.not_the_peers(&request.vote).is_some() =>
-            {
-                self.not_the_peers(&request.vote).expect("checked")
             }
             Request::Vote(request) | Request::PreVote(request) if node.votes_blocked => {
                 Step::RefuseVote(request)
@@ -232,18 +233,10 @@ impl Acceptor {
                 offset,
                 total,
                 data,
-            } => match self.not_the_peers(&vote) {
-                Some(close) => close,
-                None => self.on_snapshot_part(vote, meta, offset, total, data, node),
-            },
+            } => self.on_snapshot_part(vote, meta, offset, total, data, node),
             // openraft's election by leadership transfer ignores
             // `enable_elect`: the no-vote rule of a log corrupt inside is
             // enforced here.
-            Request::TransferLeader(request)
-                if self.not_the_peers(request.from_leader()).is_some() =>
-            {
-                self.not_the_peers(request.from_leader()).expect("checked")
-            }
             Request::TransferLeader(request)
                 if *request.to_node_id() == node.node_id && node.votes_blocked =>
             {
@@ -265,17 +258,6 @@ impl Acceptor {
             Request::Propose(commands) => Step::Propose(commands),
             Request::ReadIndex { lease } => Step::ReadIndex { lease },
         }
-    }
-
-    /// [`Step::Close`] when `vote` is not the peer's own (a vote for, or of,
-    /// another node): a member claiming to be another.
-    fn not_the_peers(&self, vote: &Vote) -> Option<Step> {
-        (vote.leader_id.voted_for != self.peer).then(|| {
-            Step::Close(format!(
-                "node {} sent a vote for node {}",
-                self.peer, vote.leader_id.voted_for
-            ))
-        })
     }
 
     /// True when `epoch` is the ring's fence and belongs to the peer.
@@ -425,6 +407,16 @@ impl Acceptor {
                 snapshot: std::mem::take(&mut self.snapshot),
             },
         }
+    }
+}
+
+/// The vote a request claims to be the sender's own, if it carries one.
+fn claimed_vote(request: &Request) -> Option<&Vote> {
+    match request {
+        Request::Append { vote, .. } | Request::Snapshot { vote, .. } => Some(vote),
+        Request::Vote(request) | Request::PreVote(request) => Some(&request.vote),
+        Request::TransferLeader(request) => Some(request.from_leader()),
+        Request::Grant { .. } | Request::Propose(_) | Request::ReadIndex { .. } => None,
     }
 }
 
